@@ -1,0 +1,60 @@
+"""A mailbox in one process's memory: for tests, notebooks and several sessions in one process."""
+
+import hashlib
+import itertools
+import threading
+import time
+
+from ..errors import PreconditionFailed
+from .contract import Listing, Object, check_key
+
+
+class MemoryMailbox:
+    """A dict behind a lock. Etags change on every write, even of the same bytes, as a version would."""
+
+    def __init__(self) -> None:
+        self._objects: dict[str, tuple[bytes, str]] = {}
+        self._lock = threading.Lock()
+        self._versions = itertools.count(1)
+
+    def put(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> str:
+        check_key(key)
+        data = bytes(data)
+        with self._lock:
+            current = self._objects.get(key)
+            if if_absent and current is not None:
+                raise PreconditionFailed(f"{key} already exists")
+            if if_match is not None and (current is None or current[1] != if_match):
+                raise PreconditionFailed(f"{key} changed since etag {if_match}")
+            etag = f"{next(self._versions):x}-{hashlib.md5(data).hexdigest()[:12]}"
+            self._objects[key] = (data, etag)
+            return etag
+
+    def get(self, key: str, *, if_none_match: str | None = None) -> Object | None:
+        check_key(key)
+        with self._lock:
+            current = self._objects.get(key)
+        if current is None:
+            return None
+        data, etag = current
+        return Object(None if etag == if_none_match else data, etag)
+
+    def list(self, prefix: str, *, start_after: str | None = None) -> list[Listing]:
+        with self._lock:
+            items = [(k, v) for k, v in self._objects.items() if k.startswith(prefix)]
+        return [
+            Listing(k, etag, len(data))
+            for k, (data, etag) in sorted(items, key=lambda item: item[0].encode())
+            if start_after is None or k.encode() > start_after.encode()
+        ]
+
+    def delete(self, keys: list[str]) -> None:
+        with self._lock:
+            for key in keys:
+                self._objects.pop(key, None)
+
+    def clock(self) -> float:
+        return time.time()
+
+    def __repr__(self) -> str:
+        return f"MemoryMailbox({len(self._objects)} objects)"

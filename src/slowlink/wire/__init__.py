@@ -1,0 +1,1 @@
+"""Wire formats: tensor encodings, payload framing and digests."""

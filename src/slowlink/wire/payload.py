@@ -1,0 +1,90 @@
+"""One payload format for everything a node writes: safetensors tensors plus a small string header.
+
+A payload is content-addressed (its key is the sha256 of its bytes) and size-bounded. Nothing is
+unpickled: safetensors holds raw little-endian arrays and a JSON header. `unpack` checks the digest,
+the size, the header's run and schema, and that every value is finite, before anything touches a model.
+"""
+
+import hashlib
+import json
+
+import numpy as np
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from ..errors import PayloadError
+from .encodings import get_encoding
+
+FORMAT = "slowlink-1"
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def pack(arrays: dict[str, np.ndarray], header: dict[str, object], *, encoding: str = "F32") -> bytes:
+    """Encode float32 `arrays` with `encoding` and frame them with `header` (values become strings)."""
+    codec = get_encoding(encoding)
+    entries: dict[str, np.ndarray] = {}
+    for name, values in arrays.items():
+        for suffix, stored in codec.encode(values).items():
+            entries[name + suffix] = np.ascontiguousarray(stored)
+    shapes = {name: list(values.shape) for name, values in arrays.items()}
+    metadata = {"format": FORMAT, "encoding": encoding, "shapes": json.dumps(shapes)}
+    metadata.update({key: str(value) for key, value in header.items()})
+    return st_save(entries, metadata=metadata)
+
+
+def read_header(data: bytes) -> dict[str, str]:
+    if len(data) < 8:
+        raise PayloadError(f"payload of {len(data)} bytes is truncated: it cannot hold a safetensors header")
+    length = int.from_bytes(data[:8], "little")
+    if length > len(data) - 8:
+        raise PayloadError(f"payload header claims {length} bytes but only {len(data) - 8} follow: truncated")
+    try:
+        header = json.loads(data[8 : 8 + length])
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise PayloadError(f"payload header is not JSON: {error}") from None
+    metadata = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
+        raise PayloadError(f"payload is not a {FORMAT} payload (its header has no matching 'format')")
+    return metadata
+
+
+def unpack(
+    data: bytes,
+    *,
+    expected_digest: str | None = None,
+    expect: dict[str, object] | None = None,
+    max_bytes: int | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Check and decode a payload into float32 arrays and its header.
+
+    expected_digest: the sha256 the payload must have (its key). expect: header fields that must match
+    (run, schema, ...). max_bytes: the run's size limit. Raises PayloadError naming the failed check.
+    """
+    if max_bytes is not None and len(data) > max_bytes:
+        raise PayloadError(f"payload of {len(data)} bytes exceeds the run's limit of {max_bytes} bytes")
+    if expected_digest is not None and digest(data) != expected_digest:
+        raise PayloadError(f"payload digest {digest(data)[:16]}… does not match its key {expected_digest[:16]}…")
+    header = read_header(data)
+    for field, value in (expect or {}).items():
+        if header.get(field) != str(value):
+            raise PayloadError(f"payload {field} is {header.get(field)!r}, expected {str(value)!r}")
+    codec = get_encoding(header["encoding"])
+    try:
+        entries = st_load(data)
+        shapes = json.loads(header["shapes"])
+    except Exception as error:  # safetensors raises its own error types for malformed files
+        raise PayloadError(f"payload tensors cannot be read: {error}") from None
+    arrays = {}
+    for name, shape in shapes.items():
+        parts = {key[len(name) :]: value for key, value in entries.items() if key == name or key.startswith(name + "@")}
+        try:
+            values = codec.decode(parts, tuple(shape))
+        except (KeyError, ValueError) as error:
+            raise PayloadError(f"payload tensor {name!r} cannot be decoded as {header['encoding']}: {error}") from None
+        if not np.isfinite(values).all():
+            raise PayloadError(f"payload tensor {name!r} holds NaN or infinite values")
+        arrays[name] = values
+    return arrays, header
