@@ -1,15 +1,15 @@
 """Errors a user can cause. Each message names the thing, the value, the rule and the fix.
 
-    SlowlinkError
-    ├── ConfigError          an option is out of range or conflicts with another (also a ValueError)
-    ├── SchemaMismatch       this node's model differs from the run's (names the first tensor)
-    ├── RunConfigMismatch    this node's algorithm configuration differs from the run's
-    ├── SessionStateError    a Session used outside its `with` block, or twice
-    ├── PayloadError         bytes from the store that fail a check (digest, header, size, encoding)
-    └── MailboxError         the store failed
-        ├── PreconditionFailed   a create-once key exists, or a compare-and-swap lost
-        ├── MailboxUnavailable   the store kept failing after retries (throttling, 5xx, timeouts)
-        └── MailboxRejected      the store refused for good (no such bucket, no permission, not writable)
+SlowlinkError
+├── ConfigError          an option is out of range or conflicts with another (also a ValueError)
+├── SchemaMismatch       this node's model differs from the run's (names the first tensor)
+├── RunConfigMismatch    this node's algorithm configuration differs from the run's
+├── SessionStateError    a Session used outside its `with` block, or twice
+├── PayloadError         bytes from the store that fail a check (digest, header, size, encoding)
+└── MailboxError         the store failed
+    ├── PreconditionFailed   a create-once key exists, or a compare-and-swap lost
+    ├── MailboxUnavailable   the store kept failing after retries (throttling, 5xx, timeouts)
+    └── MailboxRejected      the store refused for good (no such bucket, no permission, not writable)
 """
 
 

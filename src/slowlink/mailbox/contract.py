@@ -5,6 +5,8 @@
 this contract only; tests/mailbox/test_contract.py runs one suite against every implementation.
 """
 
+from __future__ import annotations
+
 import re
 from dataclasses import dataclass
 from typing import Protocol

@@ -5,6 +5,8 @@ holds an flock on a per-key lock file only for the swap. Every write lands whole
 reader never sees a partial object.
 """
 
+from __future__ import annotations
+
 import errno
 import fcntl
 import hashlib
@@ -99,7 +101,9 @@ class DirMailbox:
             for name in files:
                 full = Path(directory) / name
                 key = full.relative_to(self.path).as_posix()
-                if not key.startswith(prefix) or (start_after is not None and key.encode() <= start_after.encode()):
+                if not key.startswith(prefix) or (
+                    start_after is not None and key.encode() <= start_after.encode()
+                ):
                     continue
                 try:
                     stat = full.stat()
@@ -116,7 +120,9 @@ class DirMailbox:
                 pass
             except OSError as error:
                 if error.errno != errno.ENOENT:
-                    raise MailboxRejected(f"cannot delete {key} in mailbox directory {self.path}: {error}") from error
+                    raise MailboxRejected(
+                        f"cannot delete {key} in mailbox directory {self.path}: {error}"
+                    ) from error
 
     def clock(self) -> float:
         return time.time()
@@ -129,7 +135,7 @@ class _FileLock:
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def __enter__(self) -> "_FileLock":
+    def __enter__(self) -> _FileLock:
         self._handle = open(self.path, "a+b")
         fcntl.flock(self._handle, fcntl.LOCK_EX)
         return self

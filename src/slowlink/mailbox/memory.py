@@ -1,5 +1,7 @@
 """A mailbox in one process's memory: for tests, notebooks and several sessions in one process."""
 
+from __future__ import annotations
+
 import hashlib
 import itertools
 import threading

@@ -66,7 +66,9 @@ def unpack(
     if max_bytes is not None and len(data) > max_bytes:
         raise PayloadError(f"payload of {len(data)} bytes exceeds the run's limit of {max_bytes} bytes")
     if expected_digest is not None and digest(data) != expected_digest:
-        raise PayloadError(f"payload digest {digest(data)[:16]}… does not match its key {expected_digest[:16]}…")
+        raise PayloadError(
+            f"payload digest {digest(data)[:16]}… does not match its key {expected_digest[:16]}…"
+        )
     header = read_header(data)
     for field, value in (expect or {}).items():
         if header.get(field) != str(value):
@@ -79,11 +81,17 @@ def unpack(
         raise PayloadError(f"payload tensors cannot be read: {error}") from None
     arrays = {}
     for name, shape in shapes.items():
-        parts = {key[len(name) :]: value for key, value in entries.items() if key == name or key.startswith(name + "@")}
+        parts = {
+            key[len(name) :]: value
+            for key, value in entries.items()
+            if key == name or key.startswith(name + "@")
+        }
         try:
             values = codec.decode(parts, tuple(shape))
         except (KeyError, ValueError) as error:
-            raise PayloadError(f"payload tensor {name!r} cannot be decoded as {header['encoding']}: {error}") from None
+            raise PayloadError(
+                f"payload tensor {name!r} cannot be decoded as {header['encoding']}: {error}"
+            ) from None
         if not np.isfinite(values).all():
             raise PayloadError(f"payload tensor {name!r} holds NaN or infinite values")
         arrays[name] = values
