@@ -1,0 +1,153 @@
+"""DiLoCo and its streaming and decoupled forms, as one validated configuration.
+
+The parts: a partition (which tensors form each fragment), the staggered schedule, outer Nesterov,
+a merge rule, and the mixing applied when a commit arrives. Defaults follow Decoupled DiLoCo; with
+fragments=1, overlap_steps=0 and quorum_size equal to the node count it is standard DiLoCo
+(research/algorithms.md §1–§3). `to_dict()` is what run.json records and every joiner compares.
+"""
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from .merge import WeightedMean
+from .outer import OuterOptimizer, outer_nesterov
+from .partition import BalancedBytes, Schema, Strided
+from .schedule import fragment_offsets
+
+DTYPE_NAMES = (None, "F32", "F16", "BF16", "F8_E4M3", "F4")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiLoCo:
+    """sync_every (H): local steps between two syncs of a fragment.
+    fragments: how many parameter groups sync on staggered phases (Streaming DiLoCo); 1 syncs all at once.
+    partition: Strided() deals transformer blocks round the fragments; BalancedBytes() packs by size.
+    in_flight: most of this node's contributions awaiting their commit at once (default: fragments).
+    overlap_steps (τ): wait once a contribution made τ steps ago is not yet committed; 0 is DiLoCo's
+        barrier; None never waits.
+    mixing (α): share of the local parameters kept when aligning with a commit; 0 replaces them.
+    outer_lr (η), outer_momentum (μ), nesterov: the outer optimizer.
+    merge: how a round's contributions combine; quorum_size: contributions a round waits for.
+    grace_seconds: how long a round with a quorum waits for other live nodes (None: adaptive).
+    global_batch_size: the batch the live nodes share; session.batch_size is this node's part.
+    delta_dtype / commit_dtype: wire encodings of contributions and of commits' changes.
+    error_feedback: keep each node's encoding error and add it to its next contribution.
+    flush_on_close: publish the steps trained since the last sync when a node leaves.
+    """
+
+    sync_every: int
+    fragments: int = 1
+    partition: Strided | BalancedBytes = field(default_factory=BalancedBytes)
+    in_flight: int | None = None
+    overlap_steps: int | None = None
+    mixing: float = 0.0
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    nesterov: bool = True
+    merge: WeightedMean = field(default_factory=WeightedMean)
+    quorum_size: int = 1
+    grace_seconds: float | None = None
+    global_batch_size: int | None = None
+    delta_dtype: str | None = None
+    commit_dtype: str | None = None
+    error_feedback: bool = False
+    flush_on_close: bool = False
+
+    def __post_init__(self) -> None:
+        _require_int("sync_every", self.sync_every, 1, None, "local steps between syncs, e.g. sync_every=100")
+        _require_int("fragments", self.fragments, 1, self.sync_every, f"at most sync_every={self.sync_every}")
+        if self.in_flight is not None:
+            _require_int(
+                "in_flight", self.in_flight, 1, self.fragments, f"between 1 and fragments={self.fragments}"
+            )
+        if self.overlap_steps is not None:
+            _require_int(
+                "overlap_steps", self.overlap_steps, 0, self.sync_every - 1,
+                f"0 (DiLoCo's barrier) up to sync_every-1={self.sync_every - 1}, or None never to wait",
+            )  # fmt: skip
+        _require_float("mixing", self.mixing, 0.0, 1.0, upper_open=True, hint="0 replaces, 0.5 keeps half")
+        _require_float("outer_lr", self.outer_lr, 0.0, 10.0, lower_open=True, hint="DiLoCo uses 0.7")
+        _require_float(
+            "outer_momentum", self.outer_momentum, 0.0, 1.0, upper_open=True, hint="DiLoCo uses 0.9"
+        )
+        _require_int("quorum_size", self.quorum_size, 1, None, "1 merges as soon as one node contributes")
+        if self.grace_seconds is not None:
+            _require_float("grace_seconds", self.grace_seconds, 0.0, 3600.0, hint="None adapts to step times")
+        if self.global_batch_size is not None:
+            _require_int(
+                "global_batch_size", self.global_batch_size, 1, None, "the samples all nodes share a step"
+            )
+        for name in ("delta_dtype", "commit_dtype"):
+            if getattr(self, name) not in DTYPE_NAMES:
+                raise ConfigError(
+                    f"{name}={getattr(self, name)!r} is not a wire dtype; use one of {DTYPE_NAMES}"
+                )
+        if not isinstance(self.partition, Strided | BalancedBytes):
+            raise ConfigError(f"partition={self.partition!r} must be sl.Strided() or sl.BalancedBytes()")
+        if not hasattr(self.merge, "merge") or not hasattr(self.merge, "weight"):
+            raise ConfigError(f"merge={self.merge!r} must be a merge rule such as sl.WeightedMean()")
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.in_flight if self.in_flight is not None else self.fragments
+
+    def plan(self, schema: Schema) -> list[list[str]]:
+        return self.partition.plan(schema, self.fragments)
+
+    def offsets(self, fragment_count: int) -> list[int]:
+        return fragment_offsets(self.sync_every, fragment_count)
+
+    def outer_optimizer(self) -> OuterOptimizer:
+        return outer_nesterov(self.outer_lr, self.outer_momentum, nesterov=self.nesterov)
+
+    def to_dict(self) -> dict:
+        """The canonical configuration: what every node of one run must agree on."""
+        return {
+            "method": "DiLoCo",
+            "sync_every": self.sync_every,
+            "fragments": self.fragments,
+            "partition": self.partition.to_dict(),
+            "in_flight": self.max_in_flight,
+            "overlap_steps": self.overlap_steps,
+            "mixing": self.mixing,
+            "outer_lr": self.outer_lr,
+            "outer_momentum": self.outer_momentum,
+            "nesterov": self.nesterov,
+            "merge": self.merge.to_dict(),
+            "quorum_size": self.quorum_size,
+            "grace_seconds": self.grace_seconds,
+            "global_batch_size": self.global_batch_size,
+            "delta_dtype": self.delta_dtype,
+            "commit_dtype": self.commit_dtype,
+            "error_feedback": self.error_feedback,
+            "flush_on_close": self.flush_on_close,
+        }
+
+
+def _require_int(name: str, value: object, low: int, high: int | None, hint: str) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        valid = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ConfigError(f"{name}={value!r} is invalid: it must be an integer {valid} ({hint})")
+
+
+def _require_float(
+    name: str,
+    value: object,
+    low: float,
+    high: float,
+    *,
+    lower_open: bool = False,
+    upper_open: bool = False,
+    hint: str,
+) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok:
+        ok = (value > low if lower_open else value >= low) and (value < high if upper_open else value <= high)
+    if not ok:
+        valid = f"{'(' if lower_open else '['}{low}, {high}{')' if upper_open else ']'}"
+        raise ConfigError(f"{name}={value!r} is invalid: it must be a number in {valid} ({hint})")

@@ -1,0 +1,43 @@
+"""Merge rules: how a round's accepted pseudo-gradients become one.
+
+WeightedMean:  Δ = Σ_m w_m·Δ_m / Σ_m w_m, with w_m the samples node m reports for the round
+(research/algorithms.md §1, "Weighting"). Contributions stream in one at a time, so a merger holds
+one running sum and one contribution, never all of them.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+Arrays = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class WeightedMean:
+    """Mean of the contributions weighted by the samples each trained since its anchor."""
+
+    def to_dict(self) -> dict:
+        return {"name": "WeightedMean"}
+
+    def weight(self, samples: int, steps: int) -> float:
+        del steps  # the samples already count every step's batch
+        return float(samples)
+
+    def merge(self, contributions: Iterable[tuple[Arrays, float]]) -> Arrays:
+        return weighted_mean(contributions)
+
+
+def weighted_mean(contributions: Iterable[tuple[Arrays, float]]) -> Arrays:
+    """Σ w·Δ / Σ w over (Δ, w) pairs; raises ValueError if there are none or all weights are zero."""
+    total: Arrays | None = None
+    weight_sum = 0.0
+    for delta, weight in contributions:
+        if total is None:
+            total = {name: np.zeros_like(values, dtype=np.float32) for name, values in delta.items()}
+        for name, values in delta.items():
+            total[name] += np.float32(weight) * values
+        weight_sum += weight
+    if total is None or weight_sum <= 0:
+        raise ValueError("weighted_mean needs at least one contribution with a positive weight")
+    return {name: values / np.float32(weight_sum) for name, values in total.items()}

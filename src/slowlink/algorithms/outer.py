@@ -1,0 +1,48 @@
+"""The outer optimizer: applies a merged pseudo-gradient Δ = θ_anchor − θ_local to the anchor.
+
+Outer Nesterov (research/algorithms.md §0, PyTorch SGD(nesterov=True, dampening=0) semantics):
+    b ← μ·b + Δ ;  θ ← θ_anchor − η·(Δ + μ·b)         (η = outer_lr, μ = outer_momentum)
+With μ = 0 this is θ_anchor − η·Δ; with η = 1 as well it is plain parameter averaging.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+Arrays = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class OuterState:
+    """The Nesterov buffer b, one array per parameter, zero before the first round."""
+
+    momentum: Arrays
+
+
+class OuterOptimizer(NamedTuple):
+    init: Callable[[Arrays], OuterState]
+    update: Callable[..., tuple[Arrays, OuterState]]
+
+
+def outer_nesterov(lr: float, momentum: float, *, nesterov: bool = True) -> OuterOptimizer:
+    """Outer SGD with momentum; `nesterov=False` gives heavy-ball: θ ← θ_anchor − η·b."""
+
+    def init(params: Arrays) -> OuterState:
+        return OuterState({name: np.zeros_like(values, dtype=np.float32) for name, values in params.items()})
+
+    def update(
+        delta: Arrays, state: OuterState, anchor: Arrays, *, use_momentum: bool = True
+    ) -> tuple[Arrays, OuterState]:
+        if not use_momentum:  # a flush-only round: apply Δ once and leave the buffer as it was
+            return {name: anchor[name] - lr * delta[name] for name in anchor}, state
+        buffers, params = {}, {}
+        for name, step in delta.items():
+            buffer = momentum * state.momentum[name] + step
+            direction = step + momentum * buffer if nesterov else buffer
+            params[name] = (anchor[name] - lr * direction).astype(np.float32, copy=False)
+            buffers[name] = buffer.astype(np.float32, copy=False)
+        return params, OuterState(buffers)
+
+    return OuterOptimizer(init, update)

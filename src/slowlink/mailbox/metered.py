@@ -1,0 +1,48 @@
+"""A mailbox wrapper that counts requests by verb and bytes each way, for stats and benchmarks."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from .contract import Listing, Mailbox, Object
+
+
+class Metered:
+    def __init__(self, inner: Mailbox) -> None:
+        self.inner = inner
+        self.requests: Counter[str] = Counter()
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._lock = threading.Lock()
+
+    def _count(self, verb: str, sent: int = 0, received: int = 0) -> None:
+        with self._lock:
+            self.requests[verb] += 1
+            self.bytes_sent += sent
+            self.bytes_received += received
+
+    def put(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> str:
+        self._count("PUT", sent=len(data))
+        return self.inner.put(key, data, if_absent=if_absent, if_match=if_match)
+
+    def get(self, key: str, *, if_none_match: str | None = None) -> Object | None:
+        found = self.inner.get(key, if_none_match=if_none_match)
+        self._count("GET", received=len(found.data) if found is not None and found.data is not None else 0)
+        return found
+
+    def list(self, prefix: str, *, start_after: str | None = None) -> list[Listing]:
+        self._count("LIST")
+        return self.inner.list(prefix, start_after=start_after)
+
+    def delete(self, keys: list[str]) -> None:
+        if keys:
+            self._count("DELETE")
+            self.inner.delete(keys)
+
+    def clock(self) -> float:
+        return self.inner.clock()
+
+    @property
+    def total_requests(self) -> int:
+        return sum(self.requests.values())

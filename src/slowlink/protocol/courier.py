@@ -1,0 +1,255 @@
+"""The communication thread of a node: everything a session does with the mailbox after joining.
+
+Each turn it uploads queued contributions, polls head.json with a conditional GET and fetches new
+commits, beats its lease, watches or renews the leadership, and, when it leads, tries to close each
+fragment's next round. It talks to the training thread through two queues only: contributions in,
+alignments (new commits, and whether they hold this node's contribution) out.
+"""
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..algorithms.diloco import DiLoCo
+from ..errors import MailboxError, PayloadError
+from ..events import Event
+from ..mailbox.contract import Mailbox
+from ..wire import payload
+from . import keys, records
+from .leader import Leadership, Liveness
+from .merger import Merger
+from .run import Run, advance_head, load_params, read_commit, read_head
+
+Arrays = dict[str, np.ndarray]
+
+
+@dataclass
+class Contribution:
+    """From the training thread: a snapshot of one fragment and what it trained since its anchor."""
+
+    fragment: int
+    base: int  # the commit version the snapshot's anchor is
+    anchor: Arrays
+    snapshot: Arrays
+    steps: int
+    samples: int
+    final: bool
+    step_seconds: float
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """To the training thread: fragment's newest commit; `mine` says what became of this node's
+    contribution awaiting it: "merged", "missed" (late or rejected), or None if there was none."""
+
+    fragment: int
+    version: int
+    params: Arrays
+    mine: str | None
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    step: int
+    samples: int
+    step_seconds: float
+
+
+class Courier:
+    def __init__(
+        self,
+        mailbox: Mailbox,
+        run: Run,
+        algorithm: DiLoCo,
+        node_id: str,
+        latest: dict[int, tuple[int, Arrays]],
+        *,
+        emit: Callable[[Event], None],
+        status: Callable[[], NodeStatus],
+        poll_seconds: float,
+        lease_seconds: float,
+        encode: Callable[[Arrays, dict], bytes],
+    ) -> None:
+        self.mailbox, self.run, self.algorithm, self.node_id = mailbox, run, algorithm, node_id
+        self.latest = latest  # fragment -> (version, params): the newest commit this node holds
+        self.emit, self.status, self.encode = emit, status, encode
+        self.poll_seconds, self.lease_seconds = poll_seconds, lease_seconds
+        self.beat_seconds = min(lease_seconds / 4, 2.0)
+        self.outbox: queue.Queue[Contribution] = queue.Queue()
+        self.inbox: queue.Queue[Alignment] = queue.Queue()
+        self.wake = threading.Event()
+        self.failure: BaseException | None = None
+        self.leadership = Leadership(mailbox, node_id, lease_seconds)
+        self.liveness = Liveness(lease_seconds)
+        self.merger = Merger(mailbox, run, algorithm, node_id, emit)
+        self.sent: dict[int, int] = {}  # fragment -> round of this node's contribution awaiting its commit
+        self.head = [version for version, _ in (latest[q] for q in range(len(run.plan)))]
+        self._head_etag: str | None = None
+        self._beat = 0
+        self._last_beat = float("-inf")
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"slowlink-{node_id}", daemon=True)
+
+    @property
+    def fragments(self) -> int:
+        return len(self.run.plan)
+
+    def start(self) -> None:
+        self._beat_lease()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.wake.set()
+        self._thread.join()
+        try:
+            self.leadership.release()
+            self.mailbox.delete([keys.node(self.node_id)])  # leave cleanly: nobody waits a lease for us
+        except MailboxError as error:
+            self.emit(Event("mailbox_error", self.node_id, f"while leaving: {error}"))
+
+    def live_nodes(self) -> set[str]:
+        live = {key.removeprefix(keys.NODES).removesuffix(".json") for key in self.liveness.live_keys()}
+        return live | {self.node_id}
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self.turn()
+            except (MailboxError, PayloadError) as error:
+                self.emit(Event("mailbox_error", self.node_id, str(error), {"error": type(error).__name__}))
+            except BaseException as error:  # a bug: hand it to the training thread, which raises it
+                self.failure = error
+                return
+            self.wake.wait(self.poll_seconds)
+            self.wake.clear()
+
+    def turn(self) -> None:
+        """One pass of the communication loop (also called directly by tests)."""
+        self._send_contributions()
+        self._poll_head()
+        if time.monotonic() - self._last_beat >= self.beat_seconds:
+            self._beat_lease()
+        change = self.leadership.tick()
+        if change == "elected":
+            self.emit(
+                Event("leader_elected", self.node_id, f"merging rounds from term {self.leadership.term}")
+            )
+            self._recover_head()
+        elif change == "lost":
+            self.emit(Event("leader_lost", self.node_id, "another node took over the leadership"))
+        if self.leadership.is_leader:
+            self._observe_leases()
+            self._merge()
+
+    def _send_contributions(self) -> None:
+        while True:
+            try:
+                item = self.outbox.get_nowait()
+            except queue.Empty:
+                return
+            if item.base < self.latest[item.fragment][0]:
+                continue  # its round is already committed; the training thread carries these steps over
+            self._upload(item)
+
+    def _upload(self, item: Contribution) -> None:
+        round_ = item.base + 1
+        # Δ = θ_anchor − θ_local, computed in the snapshot's own buffer: no second copy of the fragment.
+        delta = item.snapshot
+        for name, values in delta.items():
+            np.subtract(item.anchor[name], values, out=values)
+        header = self.run.expect(kind="delta", fragment=item.fragment, round=round_, node=self.node_id)
+        data = self.encode(delta, header)
+        sha = payload.digest(data)
+        self.mailbox.put(keys.contribution_payload(item.fragment, round_, self.node_id, sha), data)
+        record = {
+            "node": self.node_id,
+            "fragment": item.fragment,
+            "round": round_,
+            "base": item.base,
+            "blob": sha,
+            "samples": item.samples,
+            "steps": item.steps,
+            "final": item.final,
+            "step_seconds": item.step_seconds,
+        }
+        self.mailbox.put(keys.contribution(item.fragment, round_, self.node_id), records.encode(record))
+        self.sent[item.fragment] = round_
+        self.emit(Event("contribution_sent", self.node_id,
+                        f"fragment {item.fragment} round {round_}: {item.steps} steps, {len(data)} bytes",
+                        {"fragment": item.fragment, "round": round_, "steps": item.steps, "bytes": len(data)}))  # fmt: skip
+
+    def _poll_head(self) -> None:
+        versions, self._head_etag = read_head(self.mailbox, self.fragments, etag=self._head_etag)
+        if versions is not None:
+            self.head = [max(old, new) for old, new in zip(self.head, versions, strict=True)]
+        for fragment in range(self.fragments):
+            if self.head[fragment] > self.latest[fragment][0]:
+                self._fetch_commit(fragment, self.head[fragment])
+
+    def _fetch_commit(self, fragment: int, version: int) -> None:
+        record = read_commit(self.mailbox, fragment, version)
+        if record is None:
+            raise PayloadError(f"{keys.commit(fragment, version)} is missing though head.json names it")
+        params = load_params(self.mailbox, self.run, fragment, version, record["params"])
+        self._deliver(fragment, version, params, record)
+
+    def _deliver(self, fragment: int, version: int, params: Arrays, record: dict) -> None:
+        self.latest[fragment] = (version, params)
+        self.inbox.put(Alignment(fragment, version, params, self._fate_of_mine(fragment, version, record)))
+
+    def _fate_of_mine(self, fragment: int, version: int, record: dict) -> str | None:
+        round_ = self.sent.get(fragment)
+        if round_ is None or round_ > version:
+            return None
+        del self.sent[fragment]
+        if round_ != version:
+            record = read_commit(self.mailbox, fragment, round_) or {"contributors": []}
+        merged = any(c.get("node") == self.node_id for c in record["contributors"])
+        return "merged" if merged else "missed"
+
+    def _beat_lease(self) -> None:
+        status = self.status()
+        self._beat += 1
+        lease = {
+            "node": self.node_id,
+            "beat": self._beat,
+            "step": status.step,
+            "samples": status.samples,
+            "step_seconds": status.step_seconds,
+            "versions": [version for version, _ in (self.latest[q] for q in range(self.fragments))],
+            "leader": self.leadership.is_leader,
+        }
+        self.mailbox.put(keys.node(self.node_id), records.encode(lease))
+        self._last_beat = time.monotonic()
+        self._observe_leases()
+
+    def _observe_leases(self) -> None:
+        listing = self.mailbox.list(keys.NODES)
+        self.liveness.observe_listing({item.key: item.etag for item in listing})
+
+    def _recover_head(self) -> None:
+        """A new leader finishes what a crashed one left: commits written but not yet in head.json."""
+        for fragment in range(self.fragments):
+            round_ = self.head[fragment]
+            while read_commit(self.mailbox, fragment, round_ + 1) is not None:
+                round_ += 1
+            if round_ > self.head[fragment]:
+                advance_head(self.mailbox, self.fragments, fragment, round_)
+                self.head[fragment] = round_
+                self._fetch_commit(fragment, round_)
+
+    def _merge(self) -> None:
+        live = self.live_nodes()
+        for fragment in range(self.fragments):
+            version, params = self.latest[fragment]
+            if version != self.head[fragment]:
+                continue  # fetch the newest commit before building on it
+            committed = self.merger.step(fragment, version, params, live)
+            if committed is not None:
+                self.head[fragment] = committed.round
+                self._deliver(fragment, committed.round, committed.params, committed.record)

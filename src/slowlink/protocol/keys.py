@@ -1,0 +1,45 @@
+"""Where everything of a run lives in its mailbox. Numbers are fixed-width so byte order is numeric order.
+
+run.json                                  create-once: configuration, schema, plan, initial blobs
+head.json                                 newest commit per fragment, moved forward by compare-and-swap
+leader.json                               the merging node, renewed by compare-and-swap
+nodes/<node>.json                         a node's lease: overwritten every beat
+blobs/<sha256>                            immutable payloads, written before any record names them
+rounds/<fragment>/<round>/<node>.json     contributions to a round; only the merger lists them
+rounds/<fragment>/<round>/<node>.<sha256> a contribution's payload, beside its record so a round's
+                                          folder is dropped whole once it is merged
+commits/<fragment>/<round>.json           create-once: the commit point and the run's history
+"""
+
+import re
+
+RUN = "run.json"
+HEAD = "head.json"
+LEADER = "leader.json"
+NODES = "nodes/"
+
+NODE_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+
+def blob(sha256: str) -> str:
+    return f"blobs/{sha256}"
+
+
+def node(node_id: str) -> str:
+    return f"{NODES}{node_id}.json"
+
+
+def round_folder(fragment: int, round_: int) -> str:
+    return f"rounds/{fragment:04d}/{round_:010d}/"
+
+
+def contribution(fragment: int, round_: int, node_id: str) -> str:
+    return f"{round_folder(fragment, round_)}{node_id}.json"
+
+
+def contribution_payload(fragment: int, round_: int, node_id: str, sha256: str) -> str:
+    return f"{round_folder(fragment, round_)}{node_id}.{sha256}"
+
+
+def commit(fragment: int, round_: int) -> str:
+    return f"commits/{fragment:04d}/{round_:010d}.json"

@@ -1,0 +1,225 @@
+"""Closing a round: the elected node lists a fragment's next round, judges each contribution, merges the
+accepted ones, applies the outer optimizer and commits. The commit is create-once, so two leaders racing
+can never commit a round twice: the loser adopts the winner's record.
+
+A round closes when every live node has contributed, or when `quorum_size` contributions are in and the
+grace window since the quorum has passed. Contributions are streamed into the merge one at a time.
+"""
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..algorithms.diloco import DiLoCo
+from ..algorithms.outer import OuterState
+from ..errors import PayloadError, PreconditionFailed
+from ..events import Event
+from ..mailbox.contract import Mailbox
+from ..wire import payload
+from . import keys, records
+from .run import Run, advance_head, get_blob, put_blob, read_commit
+
+Arrays = dict[str, np.ndarray]
+GC_KEEP_COMMITS = 3  # params blobs of the newest commits stay, so joiners and new leaders find no hole
+
+
+@dataclass
+class OpenRound:
+    round: int
+    accepted: dict[str, dict] = field(default_factory=dict)  # node -> contribution record
+    rejected: dict[str, str] = field(default_factory=dict)  # node -> reason
+    quorum_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Committed:
+    fragment: int
+    round: int
+    params: Arrays
+    record: dict
+
+
+class Merger:
+    def __init__(
+        self,
+        mailbox: Mailbox,
+        run: Run,
+        algorithm: DiLoCo,
+        node_id: str,
+        emit: Callable[[Event], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.mailbox, self.run, self.algorithm, self.node_id = mailbox, run, algorithm, node_id
+        self.emit, self.clock = emit, clock
+        self.outer = algorithm.outer_optimizer()
+        self.outer_states: dict[int, tuple[int, OuterState]] = {}
+        self.open: dict[int, OpenRound] = {}
+
+    def step(self, fragment: int, version: int, anchor: Arrays, live_nodes: set[str]) -> Committed | None:
+        """Look at round version+1 of `fragment` once; commit it if it is ready."""
+        round_ = version + 1
+        current = self.open.get(fragment)
+        if current is None or current.round != round_:
+            current = self.open[fragment] = OpenRound(round_)
+        self._read_new_contributions(fragment, current)
+        if not self._ready(current, live_nodes):
+            return None
+        return self._commit(fragment, current, anchor)
+
+    def _read_new_contributions(self, fragment: int, current: OpenRound) -> None:
+        for listing in self.mailbox.list(keys.round_folder(fragment, current.round)):
+            if not listing.key.endswith(".json"):
+                continue
+            node = listing.key.rsplit("/", 1)[1].removesuffix(".json")
+            if node in current.accepted or node in current.rejected:
+                continue
+            found = self.mailbox.get(listing.key)
+            if found is None or found.data is None:
+                continue
+            try:
+                record = records.decode(found.data, records.CONTRIBUTION_FIELDS, what=listing.key)
+                self._judge(record, node, fragment, current.round)
+            except PayloadError as error:
+                self._reject(current, node, str(error))
+                continue
+            current.accepted[node] = record
+        if current.quorum_at is None and len(current.accepted) >= self.algorithm.quorum_size:
+            current.quorum_at = self.clock()
+
+    def _judge(self, record: dict, node: str, fragment: int, round_: int) -> None:
+        if record["node"] != node or record["fragment"] != fragment or record["round"] != round_:
+            raise PayloadError(f"record names node {record['node']} fragment {record['fragment']} round "
+                               f"{record['round']}, but sits at fragment {fragment} round {round_} for {node}")  # fmt: skip
+        if record["base"] != round_ - 1:
+            raise PayloadError(f"contribution is anchored at version {record['base']}, but round {round_} "
+                               f"builds on version {round_ - 1}")  # fmt: skip
+        if record["samples"] <= 0 or record["steps"] <= 0:
+            raise PayloadError(
+                f"contribution reports {record['steps']} steps and {record['samples']} samples"
+            )
+
+    def _reject(self, current: OpenRound, node: str, reason: str) -> None:
+        current.rejected[node] = reason
+        current.accepted.pop(node, None)
+        self.emit(Event("contribution_rejected", self.node_id, f"round {current.round} from {node}: {reason}",
+                        {"round": current.round, "from": node, "reason": reason}))  # fmt: skip
+
+    def _ready(self, current: OpenRound, live_nodes: set[str]) -> bool:
+        if not current.accepted:
+            return False
+        reported = set(current.accepted) | set(current.rejected)
+        if live_nodes <= reported:
+            return True
+        if current.quorum_at is None:
+            return False
+        return self.clock() - current.quorum_at >= self._grace(current)
+
+    def _grace(self, current: OpenRound) -> float:
+        if self.algorithm.grace_seconds is not None:
+            return self.algorithm.grace_seconds
+        # Adaptive: half the steps between two fragment syncs, at the contributors' median step time.
+        spacing = max(1, self.algorithm.sync_every // len(self.run.plan))
+        step_seconds = statistics.median(record["step_seconds"] for record in current.accepted.values())
+        return min(30.0, 0.5 * spacing * step_seconds)
+
+    def _contributions(self, fragment: int, current: OpenRound):
+        """Yield (Δ, weight) of each accepted contribution whose payload passes every check."""
+        for node, record in sorted(current.accepted.items()):
+            try:
+                found = self.mailbox.get(
+                    keys.contribution_payload(fragment, current.round, node, record["blob"])
+                )
+                if found is None or found.data is None:
+                    raise PayloadError("its payload is missing from the mailbox")
+                data = found.data
+                delta, _ = payload.unpack(
+                    data,
+                    expected_digest=record["blob"],
+                    expect=self.run.expect(kind="delta", fragment=fragment, round=current.round, node=node),
+                    max_bytes=self.run.max_payload_bytes(fragment),
+                )
+                if set(delta) != set(self.run.plan[fragment]):
+                    raise PayloadError(f"delta holds tensors {sorted(delta)}, not fragment {fragment}'s")
+            except PayloadError as error:
+                self._reject(current, node, str(error))
+                continue
+            yield delta, self.algorithm.merge.weight(record["samples"], record["steps"])
+
+    def _outer_state(self, fragment: int, version: int, anchor: Arrays) -> OuterState:
+        held = self.outer_states.get(fragment)
+        if held is not None and held[0] == version:
+            return held[1]
+        record = read_commit(self.mailbox, fragment, version) if version > 0 else None
+        if record is None or record["outer_state"] is None:
+            return self.outer.init(anchor)
+        data = get_blob(self.mailbox, record["outer_state"])
+        momentum, _ = payload.unpack(data, expected_digest=record["outer_state"],
+                                     expect=self.run.expect(kind="outer", fragment=fragment, round=version))  # fmt: skip
+        return OuterState(momentum)
+
+    def _commit(self, fragment: int, current: OpenRound, anchor: Arrays) -> Committed | None:
+        version = current.round - 1
+        state = self._outer_state(fragment, version, anchor)
+        try:
+            delta = self.algorithm.merge.merge(self._contributions(fragment, current))
+        except ValueError:
+            return None  # every payload failed its checks; the round stays open for others
+        accepted = dict(current.accepted)  # what the merge consumed, less the payloads it rejected
+        flush_only = all(record["final"] for record in accepted.values())
+        params, state = self.outer.update(delta, state, anchor, use_momentum=not flush_only)
+        header = {
+            "run": self.run.run_id,
+            "schema": self.run.schema_digest,
+            "fragment": fragment,
+            "round": current.round,
+        }
+        params_sha = put_blob(self.mailbox, payload.pack(params, header | {"kind": "params"}))
+        outer_sha = put_blob(self.mailbox, payload.pack(state.momentum, header | {"kind": "outer"}))
+        record = {
+            "fragment": fragment,
+            "round": current.round,
+            "params": params_sha,
+            "outer_state": outer_sha,
+            "contributors": [
+                {
+                    "node": node,
+                    "samples": r["samples"],
+                    "steps": r["steps"],
+                    "final": r["final"],
+                    "weight": self.algorithm.merge.weight(r["samples"], r["steps"]),
+                }
+                for node, r in sorted(accepted.items())
+            ],  # fmt: skip
+            "rejected": [
+                {"node": node, "reason": reason} for node, reason in sorted(current.rejected.items())
+            ],
+            "merger": self.node_id,
+            "flush_only": flush_only,
+        }
+        try:
+            self.mailbox.put(keys.commit(fragment, current.round), records.encode(record), if_absent=True)
+        except PreconditionFailed:
+            self.mailbox.delete([keys.blob(params_sha), keys.blob(outer_sha)])
+            return None  # another leader committed this round first; we adopt it through head.json
+        advance_head(self.mailbox, len(self.run.plan), fragment, current.round)
+        self.outer_states[fragment] = (current.round, state)
+        self.emit(Event("round_committed", self.node_id,
+                        f"fragment {fragment} round {current.round} from {len(accepted)} node(s)"
+                        + (f", {len(current.rejected)} rejected" if current.rejected else ""),
+                        {"fragment": fragment, "round": current.round, "contributors": sorted(accepted),
+                         "rejected": dict(current.rejected)}))  # fmt: skip
+        self._collect_garbage(fragment, current.round)
+        return Committed(fragment, current.round, params, record)
+
+    def _collect_garbage(self, fragment: int, round_: int) -> None:
+        """Drop the previous round's contributions and the blobs of commits GC_KEEP_COMMITS back."""
+        stale = [listing.key for listing in self.mailbox.list(keys.round_folder(fragment, round_ - 1))]
+        old = round_ - GC_KEEP_COMMITS
+        if old > 0 and (record := read_commit(self.mailbox, fragment, old)) is not None:
+            stale += [keys.blob(record["params"])] + (
+                [keys.blob(record["outer_state"])] if record["outer_state"] else []
+            )
+        self.mailbox.delete(stale)

@@ -1,0 +1,196 @@
+"""Creating and joining a run, the head hint, and reading commits: a constant number of requests each.
+
+The first node writes its initial parameters as blobs, then run.json create-once; a racer that loses
+adopts the winner's run. A joiner compares its configuration and schema with run.json and refuses on
+any difference, then reads head.json and the newest commit of each fragment, whatever the run's length.
+"""
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import PayloadError, PreconditionFailed, RunConfigMismatch
+from ..frameworks.base import compare_schemas
+from ..mailbox.contract import Mailbox
+from ..wire import payload
+from . import keys, records
+
+FORMAT = "slowlink-run-1"
+Arrays = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    config: dict
+    schema: list
+    schema_digest: str
+    plan: list[list[str]]
+    initial: list[str]  # blob sha256 of each fragment's initial parameters (version 0)
+
+    def fragment_bytes(self, fragment: int) -> int:
+        shapes = {name: shape for name, shape, _ in self.schema}
+        return sum(4 * int(np.prod(shapes[name])) for name in self.plan[fragment])
+
+    def max_payload_bytes(self, fragment: int) -> int:
+        # float32 values plus headers, scales and slack; anything larger is not an honest payload.
+        return 2 * self.fragment_bytes(fragment) + (1 << 20)
+
+    def expect(self, **fields: object) -> dict[str, object]:
+        return {"run": self.run_id, "schema": self.schema_digest, **fields}
+
+
+def put_blob(mailbox: Mailbox, data: bytes) -> str:
+    """Store an immutable payload under its sha256; writing it twice is harmless."""
+    sha = payload.digest(data)
+    try:
+        mailbox.put(keys.blob(sha), data, if_absent=True)
+    except PreconditionFailed:
+        pass  # same key means same bytes
+    return sha
+
+
+def get_blob(mailbox: Mailbox, sha: str) -> bytes:
+    found = mailbox.get(keys.blob(sha))
+    if found is None or found.data is None:
+        raise PayloadError(f"blob {sha[:16]}… is missing from the mailbox")
+    return found.data
+
+
+def read_run(mailbox: Mailbox) -> Run | None:
+    found = mailbox.get(keys.RUN)
+    if found is None or found.data is None:
+        return None
+    record = records.decode(found.data, records.RUN_FIELDS | {"run_id": str}, what=keys.RUN)
+    if record["format"] != FORMAT:
+        raise PayloadError(f"{keys.RUN} has format {record['format']!r}; this slowlink reads {FORMAT!r}")
+    schema = [(name, tuple(shape), dtype) for name, shape, dtype in record["schema"]]
+    return Run(
+        record["run_id"], record["config"], schema, record["schema_digest"], record["plan"], record["initial"]
+    )
+
+
+def open_run(
+    mailbox: Mailbox,
+    *,
+    config: dict,
+    schema: list,
+    schema_digest: str,
+    plan: list[list[str]],
+    initial: Callable[[], list[Arrays]],
+) -> tuple[Run, bool]:
+    """Join the run in `mailbox`, creating it from `initial()` if there is none. Returns (run, created)."""
+    existing = read_run(mailbox)
+    if existing is None:
+        run_id = uuid.uuid4().hex
+        shas = [
+            put_blob(mailbox, payload.pack(arrays, {"run": run_id, "schema": schema_digest, "kind": "params",
+                                                    "fragment": q, "round": 0}))
+            for q, arrays in enumerate(initial())
+        ]  # fmt: skip
+        record = {
+            "format": FORMAT,
+            "run_id": run_id,
+            "config": config,
+            "schema": [[name, list(shape), dtype] for name, shape, dtype in schema],
+            "schema_digest": schema_digest,
+            "plan": plan,
+            "initial": shas,
+        }
+        try:
+            mailbox.put(keys.RUN, records.encode(record), if_absent=True)
+            return Run(run_id, config, schema, schema_digest, plan, shas), True
+        except PreconditionFailed:
+            mailbox.delete([keys.blob(sha) for sha in shas])  # another node created the run first
+            existing = read_run(mailbox)
+            assert existing is not None
+    compare_schemas(schema, existing.schema)
+    check_config(config, existing.config)
+    return existing, False
+
+
+def check_config(mine: dict, run: dict) -> None:
+    differences = [
+        f"{key}={mine.get(key)!r} here but {run.get(key)!r} in the run"
+        for key in sorted(set(mine) | set(run))
+        if mine.get(key) != run.get(key)
+    ]
+    if differences:
+        raise RunConfigMismatch(
+            "this node's algorithm configuration differs from the run's: "
+            + "; ".join(differences)
+            + ". Use the run's configuration, or a new mailbox prefix for a new run."
+        )
+
+
+def read_head(
+    mailbox: Mailbox, fragments: int, *, etag: str | None = None
+) -> tuple[list[int] | None, str | None]:
+    """(versions, etag); versions is None when head.json still has `etag`. A missing head means all zeros."""
+    found = mailbox.get(keys.HEAD, if_none_match=etag)
+    if found is None:
+        return [0] * fragments, None
+    if found.data is None:
+        return None, found.etag
+    versions = records.decode(found.data, records.HEAD_FIELDS, what=keys.HEAD)["versions"]
+    if len(versions) != fragments or not all(isinstance(v, int) and v >= 0 for v in versions):
+        raise PayloadError(f"{keys.HEAD} holds {versions!r}, not {fragments} round numbers")
+    return versions, found.etag
+
+
+def advance_head(mailbox: Mailbox, fragments: int, fragment: int, round_: int) -> None:
+    """Move the head of `fragment` forward to `round_` by compare-and-swap; never move it back."""
+    while True:
+        versions, etag = read_head(mailbox, fragments)
+        assert versions is not None
+        if versions[fragment] >= round_:
+            return
+        versions[fragment] = round_
+        try:
+            if etag is None:
+                mailbox.put(keys.HEAD, records.encode({"versions": versions}), if_absent=True)
+            else:
+                mailbox.put(keys.HEAD, records.encode({"versions": versions}), if_match=etag)
+            return
+        except PreconditionFailed:
+            continue  # someone else moved it; read again
+
+
+def read_commit(mailbox: Mailbox, fragment: int, round_: int) -> dict | None:
+    found = mailbox.get(keys.commit(fragment, round_))
+    if found is None or found.data is None:
+        return None
+    record = records.decode(found.data, records.COMMIT_FIELDS, what=keys.commit(fragment, round_))
+    if record["fragment"] != fragment or record["round"] != round_:
+        raise PayloadError(
+            f"{keys.commit(fragment, round_)} names fragment {record['fragment']} round {record['round']}"
+        )
+    return record
+
+
+def load_params(mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: str) -> Arrays:
+    data = get_blob(mailbox, sha)
+    arrays, _ = payload.unpack(
+        data,
+        expected_digest=sha,
+        expect=run.expect(kind="params", fragment=fragment, round=round_),
+        max_bytes=run.max_payload_bytes(fragment),
+    )
+    names = set(run.plan[fragment])
+    if set(arrays) != names:
+        raise PayloadError(
+            f"parameters of fragment {fragment} round {round_} hold {sorted(arrays)} not {sorted(names)}"
+        )
+    return arrays
+
+
+def newest_params(mailbox: Mailbox, run: Run, fragment: int, version: int) -> tuple[int, Arrays]:
+    """The parameters of `fragment` at `version` (0 is the run's initial model), and the version."""
+    if version == 0:
+        return 0, load_params(mailbox, run, fragment, 0, run.initial[fragment])
+    record = read_commit(mailbox, fragment, version)
+    if record is None:
+        raise PayloadError(f"{keys.commit(fragment, version)} is missing though head.json names it")
+    return version, load_params(mailbox, run, fragment, version, record["params"])

@@ -1,0 +1,387 @@
+"""Session and align: the user's door to a run.
+
+`session.step()` runs on the training thread and only does bookkeeping: counting steps, applying the
+commits the communication thread has fetched (in place, between two of the user's steps), and, when a
+fragment is due, snapshotting it to host memory. Every request to the mailbox happens on the
+communication thread (protocol/courier.py). The only waits are the ones `overlap_steps` asks for.
+"""
+
+import math
+import os
+import queue
+import re
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .algorithms.diloco import DiLoCo
+from .algorithms.schedule import due_fragments
+from .errors import ConfigError, PayloadError, SessionStateError
+from .events import Event, log_event
+from .frameworks.base import adapter_for, compare_schemas, schema_digest
+from .mailbox.contract import Mailbox
+from .mailbox.metered import Metered
+from .protocol import keys
+from .protocol.courier import Alignment, Contribution, Courier, NodeStatus
+from .protocol.run import Run, newest_params, open_run, read_head, read_run
+from .wire import payload
+from .wire.encodings import ENCODINGS
+
+JOIN_ATTEMPTS = 5  # a joiner may race garbage collection of the commit it read; it then reads head again
+
+
+@dataclass(frozen=True)
+class SessionStats:
+    """A snapshot of what this node has done; counters of work that did not reach the model included."""
+
+    node: str
+    step: int
+    samples: int
+    versions: tuple[int, ...]  # the commit each fragment is aligned with
+    rounds_committed: int  # commits this node applied
+    rounds_merged: int  # rounds this node closed as the leader
+    contributions_sent: int
+    contributions_late: int  # missed their round; their steps were carried into the next contribution
+    contributions_rejected: int  # rejected by this node as the leader, with reasons in the commit records
+    syncs_deferred: int  # due while the in-flight limit was reached; published later, nothing lost
+    steps_replaced: int  # overlap steps replaced by a commit (mixing keeps a share of them)
+    steps_unmerged: int  # steps trained but never merged: dropped when the node left
+    bytes_sent: int
+    bytes_received: int
+    requests: int
+    is_leader: bool
+
+
+@dataclass
+class _InFlight:
+    round: int
+    snapshot_step: int
+    steps: int
+    samples: int
+
+
+class Session:
+    """Joins a run on `with`, trains in it through `step()`, and leaves it on exit.
+
+    model: a torch.nn.Module. algorithm: e.g. sl.DiLoCo(sync_every=100). mailbox: where the run lives.
+    node_id: this node's name in the run ([a-z0-9_-], default host-pid). compression: None or "zstd".
+    on_event: called with every Event (also logged on the "slowlink" logger).
+    poll_seconds: how often the communication thread looks for news. lease_seconds: how long a silent
+    node (or leader) is still trusted. close_timeout: how long leaving waits for rounds in flight.
+    """
+
+    def __init__(
+        self,
+        model: object,
+        *,
+        algorithm: DiLoCo,
+        mailbox: Mailbox,
+        node_id: str | None = None,
+        compression: str | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        poll_seconds: float = 0.25,
+        lease_seconds: float = 120.0,
+        close_timeout: float = 60.0,
+    ) -> None:
+        if not isinstance(algorithm, DiLoCo):
+            raise ConfigError(
+                f"algorithm={algorithm!r} must be a slowlink method such as sl.DiLoCo(sync_every=100)"
+            )
+        self.node_id = node_id if node_id is not None else _default_node_id()
+        if not keys.NODE_ID.match(self.node_id):
+            raise ConfigError(
+                f"node_id={self.node_id!r} must be 1-64 of [a-z0-9_-], starting with a letter or digit"
+            )
+        if compression not in (None, "zstd"):
+            raise ConfigError(f"compression={compression!r} must be None or 'zstd'")
+        for name, value in (("poll_seconds", poll_seconds), ("lease_seconds", lease_seconds),
+                            ("close_timeout", close_timeout)):  # fmt: skip
+            if not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
+        encoding = algorithm.delta_dtype or "F32"
+        if encoding not in ENCODINGS:
+            raise ConfigError(f"delta_dtype={algorithm.delta_dtype!r} is not available in this build")
+        self.model, self.algorithm, self.compression = model, algorithm, compression
+        self.mailbox = Metered(mailbox)
+        self.poll_seconds, self.lease_seconds, self.close_timeout = poll_seconds, lease_seconds, close_timeout
+        self._on_event = on_event
+        self._encoding = encoding
+        self._counts: Counter[str] = Counter()
+        self._count_lock = threading.Lock()
+        self._state = "new"
+
+    # ---- joining and leaving -------------------------------------------------------------------------
+
+    def __enter__(self) -> "Session":
+        if self._state != "new":
+            raise SessionStateError("a Session can be entered once; create a new Session to train again")
+        self.adapter = adapter_for(self.model)
+        digest = schema_digest(self.adapter.schema)
+        self.run, created = open_run(
+            self.mailbox,
+            config=self.algorithm.to_dict(),
+            schema=self.adapter.schema,
+            schema_digest=digest,
+            plan=self.algorithm.plan(self.adapter.schema),
+            initial=lambda: [
+                self.adapter.snapshot(group) for group in self.algorithm.plan(self.adapter.schema)
+            ],
+        )
+        self.plan = self.run.plan
+        latest = _load_newest(self.mailbox, self.run)
+        for _, params in latest.values():
+            self.adapter.assign(params)  # a joiner starts from the committed model
+        self._anchors = dict(latest)
+        fragments = len(self.plan)
+        self._offsets = self.algorithm.offsets(fragments)
+        self._step = self._samples = 0
+        self._pending_steps = [0] * fragments
+        self._pending_samples = [0] * fragments
+        self._in_flight: dict[int, _InFlight] = {}
+        self._owed: set[int] = set()
+        self._step_seconds = 0.0
+        self._last_step_at: float | None = None
+        self.courier = Courier(
+            self.mailbox, self.run, self.algorithm, self.node_id, dict(latest),
+            emit=self._emit, status=self._status, poll_seconds=self.poll_seconds,
+            lease_seconds=self.lease_seconds, encode=self._encode,
+        )  # fmt: skip
+        self.courier.start()
+        self._state = "open"
+        versions = [version for version, _ in latest.values()]
+        self._emit(Event("run_created" if created else "joined", self.node_id,
+                         f"{'created' if created else 'joined'} run {self.run.run_id[:8]} at versions {versions}",
+                         {"versions": versions}))  # fmt: skip
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._state != "open":
+            return
+        self._state = "closing"
+        try:
+            if exc[0] is None:
+                self._finish_rounds()
+        finally:
+            self.courier.stop()
+            self._state = "closed"
+        self._emit(Event("left", self.node_id, f"left after {self._step} steps", {"steps": self._step}))
+
+    def _finish_rounds(self) -> None:
+        """Flush if asked, wait for rounds in flight, then align every fragment with its newest commit."""
+        if self.algorithm.flush_on_close:
+            for fragment in range(len(self.plan)):
+                if fragment not in self._in_flight and self._pending_steps[fragment] > 0:
+                    self._publish(fragment, final=True)
+        deadline = time.monotonic() + self.close_timeout
+        while self._in_flight and time.monotonic() < deadline:
+            self._wait_for_alignment(timeout=min(0.5, max(0.01, deadline - time.monotonic())))
+        self._drain_alignments()
+        dropped = sum(self._pending_steps) + sum(flight.steps for flight in self._in_flight.values())
+        if dropped:
+            self._emit(Event("steps_dropped", self.node_id,
+                             f"{dropped} fragment-steps trained since the last sync were not merged "
+                             "(set flush_on_close=True to publish them)", {"steps": dropped}))  # fmt: skip
+        self.adapter.assign(
+            {name: values for _, params in self._anchors.values() for name, values in params.items()}
+        )
+
+    # ---- the training thread's part ------------------------------------------------------------------
+
+    def step(self, samples: int = 1) -> None:
+        """Call after each optimizer step; `samples` is what that step trained on (sequences or tokens)."""
+        if self._state != "open":
+            raise SessionStateError(
+                "session.step() was called outside the Session's `with` block; call it inside "
+                "`with sl.Session(...) as session:`"
+            )
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+            raise ConfigError(f"session.step(samples={samples!r}): samples must be a non-negative integer")
+        if self.courier.failure is not None:
+            raise self.courier.failure
+        now = time.perf_counter()
+        if self._last_step_at is not None:
+            elapsed = now - self._last_step_at
+            self._step_seconds = (
+                elapsed if self._step_seconds == 0 else 0.9 * self._step_seconds + 0.1 * elapsed
+            )
+        self._last_step_at = now
+        self._step += 1
+        self._samples += samples
+        for fragment in range(len(self.plan)):
+            self._pending_steps[fragment] += 1
+            self._pending_samples[fragment] += samples
+        self._drain_alignments()
+        self._owed.update(due_fragments(self._step, self.algorithm.sync_every, self._offsets))
+        for fragment in sorted(self._owed):
+            if fragment in self._in_flight or len(self._in_flight) >= self.algorithm.max_in_flight:
+                continue
+            self._owed.discard(fragment)
+            self._publish(fragment, final=False)
+        self._count_deferred()
+        self._wait_for_overlap()
+
+    def _count_deferred(self) -> None:
+        for fragment in due_fragments(self._step, self.algorithm.sync_every, self._offsets):
+            if fragment in self._owed:
+                self._emit(Event("sync_deferred", self.node_id,
+                                 f"fragment {fragment} is due but its previous contribution is still in flight; "
+                                 "it will be published as soon as that commits", {"fragment": fragment}))  # fmt: skip
+
+    def _publish(self, fragment: int, *, final: bool) -> None:
+        version, anchor = self._anchors[fragment]
+        snapshot = self.adapter.snapshot(self.plan[fragment])
+        flight = _InFlight(
+            version + 1, self._step, self._pending_steps[fragment], self._pending_samples[fragment]
+        )
+        self._in_flight[fragment] = flight
+        self._pending_steps[fragment] = self._pending_samples[fragment] = 0
+        self.courier.outbox.put(
+            Contribution(
+                fragment, version, anchor, snapshot, flight.steps, flight.samples, final, self._step_seconds
+            )
+        )
+        self.courier.wake.set()
+
+    def _wait_for_overlap(self) -> None:
+        tau = self.algorithm.overlap_steps
+        if tau is None:
+            return
+        while any(self._step - flight.snapshot_step >= tau for flight in self._in_flight.values()):
+            self._wait_for_alignment(timeout=0.5)
+
+    def _wait_for_alignment(self, timeout: float) -> None:
+        try:
+            self._apply(self.courier.inbox.get(timeout=timeout))
+        except queue.Empty:
+            if self.courier.failure is not None:
+                raise self.courier.failure from None
+
+    def _drain_alignments(self) -> None:
+        while True:
+            try:
+                self._apply(self.courier.inbox.get_nowait())
+            except queue.Empty:
+                return
+
+    def _apply(self, alignment: Alignment) -> None:
+        """Align one fragment with a newer commit, in place (research/algorithms.md §2.3)."""
+        fragment = alignment.fragment
+        version, anchor = self._anchors[fragment]
+        if alignment.version <= version:
+            return
+        flight = self._in_flight.get(fragment)
+        if flight is not None and flight.round > alignment.version:
+            flight = None  # still waiting for a later round
+        if flight is not None and alignment.mine == "merged":
+            # θ ← α·θ + (1−α)·Θ: the steps since the snapshot are (partly) replaced by the commit.
+            self.adapter.blend(alignment.params, self.algorithm.mixing)
+            overlap = self._pending_steps[fragment]
+            if overlap:
+                self._emit(Event("steps_replaced", self.node_id,
+                                 f"fragment {fragment}: {overlap} steps trained while round {flight.round} was in "
+                                 f"flight were blended with mixing={self.algorithm.mixing}", {"steps": overlap}))  # fmt: skip
+            if self.algorithm.mixing == 0:
+                self._pending_steps[fragment] = self._pending_samples[fragment] = 0
+        else:
+            # θ ← θ + (Θ_new − Θ_old): keep every local step; the next contribution carries them.
+            self.adapter.shift({name: alignment.params[name] - anchor[name] for name in anchor})
+            if flight is not None:
+                self._pending_steps[fragment] += flight.steps
+                self._pending_samples[fragment] += flight.samples
+                self._emit(Event("contribution_late", self.node_id,
+                                 f"fragment {fragment} round {flight.round} was committed without this node's "
+                                 f"contribution; its {flight.steps} steps go into the next one",
+                                 {"fragment": fragment, "round": flight.round, "steps": flight.steps}))  # fmt: skip
+        if flight is not None:
+            del self._in_flight[fragment]
+        self._anchors[fragment] = (alignment.version, alignment.params)
+        self._emit(Event("commit_applied", self.node_id, f"fragment {fragment} now at round {alignment.version}",
+                         {"fragment": fragment, "round": alignment.version}))  # fmt: skip
+
+    # ---- what the communication thread and the user read ---------------------------------------------
+
+    def _status(self) -> NodeStatus:
+        return NodeStatus(self._step, self._samples, self._step_seconds)
+
+    def _encode(self, arrays: dict, header: dict) -> bytes:
+        data = payload.pack(arrays, header, encoding=self._encoding)
+        if self.compression == "zstd":
+            from .wire.compress import compress
+
+            data = compress(data)
+        return data
+
+    def _emit(self, event: Event) -> None:
+        with self._count_lock:
+            self._counts[event.kind] += 1
+            if event.kind in ("steps_replaced", "steps_dropped"):
+                self._counts[event.kind + ":steps"] += event.data.get("steps", 0)
+        log_event(event)
+        if self._on_event is not None:
+            self._on_event(event)
+
+    @property
+    def stats(self) -> SessionStats:
+        counts = self._counts
+        return SessionStats(
+            node=self.node_id,
+            step=self._step,
+            samples=self._samples,
+            versions=tuple(version for version, _ in (self._anchors[q] for q in range(len(self.plan)))),
+            rounds_committed=counts["commit_applied"],
+            rounds_merged=counts["round_committed"],
+            contributions_sent=counts["contribution_sent"],
+            contributions_late=counts["contribution_late"],
+            contributions_rejected=counts["contribution_rejected"],
+            syncs_deferred=counts["sync_deferred"],
+            steps_replaced=counts["steps_replaced:steps"],
+            steps_unmerged=counts["steps_dropped:steps"],
+            bytes_sent=self.mailbox.bytes_sent,
+            bytes_received=self.mailbox.bytes_received,
+            requests=self.mailbox.total_requests,
+            is_leader=self.courier.leadership.is_leader,
+        )
+
+    @property
+    def batch_size(self) -> int:
+        """This node's share of global_batch_size: divided by the live nodes, rounded up."""
+        if self.algorithm.global_batch_size is None:
+            raise ConfigError(
+                "session.batch_size needs DiLoCo(global_batch_size=...): the batch all nodes share"
+            )
+        return math.ceil(self.algorithm.global_batch_size / len(self.courier.live_nodes()))
+
+
+def _default_node_id() -> str:
+    host = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-")[:40] or "node"
+    return f"{host}-{os.getpid()}"
+
+
+def _load_newest(mailbox: Mailbox, run: Run) -> dict[int, tuple[int, dict]]:
+    """The newest commit of every fragment: head.json plus one commit and one blob per fragment."""
+    for attempt in range(JOIN_ATTEMPTS):
+        versions, _ = read_head(mailbox, len(run.plan))
+        assert versions is not None
+        try:
+            return {q: newest_params(mailbox, run, q, version) for q, version in enumerate(versions)}
+        except PayloadError:
+            if attempt == JOIN_ATTEMPTS - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1))  # the commit we read was collected meanwhile: read head again
+    raise AssertionError("unreachable")
+
+
+def align(model: object, *, mailbox: Mailbox) -> dict[int, int]:
+    """Load the newest committed model into `model` without joining the run; returns fragment -> version."""
+    adapter = adapter_for(model)
+    run = read_run(mailbox)
+    if run is None:
+        raise ConfigError(f"{mailbox!r} holds no run (no {keys.RUN}); check the mailbox path or prefix")
+    compare_schemas(adapter.schema, run.schema)
+    newest = _load_newest(mailbox, run)
+    for _, params in newest.values():
+        adapter.assign(params)
+    return {q: version for q, (version, _) in newest.items()}
