@@ -238,11 +238,11 @@ class Session:
         )
         self._in_flight[fragment] = flight
         self._pending_steps[fragment] = self._pending_samples[fragment] = 0
-        self.courier.outbox.put(
-            Contribution(
-                fragment, version, anchor, snapshot, flight.steps, flight.samples, final, self._step_seconds
-            )
-        )
+        contribution = Contribution(
+            fragment=fragment, step=self._step, base=version, anchor=anchor, snapshot=snapshot, steps=flight.steps,
+            samples=flight.samples, final=final, step_seconds=self._step_seconds,
+        )  # fmt: skip
+        self.courier.outbox.put(contribution)
         self.courier.wake.set()
 
     def _wait_for_overlap(self) -> None:

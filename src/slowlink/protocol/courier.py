@@ -32,6 +32,7 @@ class Contribution:
     """From the training thread: a snapshot of one fragment and what it trained since its anchor."""
 
     fragment: int
+    step: int  # the node's local step at the snapshot
     base: int  # the commit version the snapshot's anchor is
     anchor: Arrays
     snapshot: Arrays
@@ -181,7 +182,8 @@ class Courier:
         self.sent[item.fragment] = round_
         self.emit(Event("contribution_sent", self.node_id,
                         f"fragment {item.fragment} round {round_}: {item.steps} steps, {len(data)} bytes",
-                        {"fragment": item.fragment, "round": round_, "steps": item.steps, "bytes": len(data)}))  # fmt: skip
+                        {"fragment": item.fragment, "round": round_, "step": item.step, "steps": item.steps,
+                         "bytes": len(data)}))  # fmt: skip
 
     def _poll_head(self) -> None:
         versions, self._head_etag = read_head(self.mailbox, self.fragments, etag=self._head_etag)

@@ -1,0 +1,43 @@
+"""Merge rules and alignment rules on hand-computed cases."""
+
+import numpy as np
+import pytest
+
+from slowlink.algorithms.merge import WeightedMean, weighted_mean
+from slowlink.algorithms.mixing import blend, carry, pseudo_gradient
+
+
+def test_weighted_mean_weights_each_delta_by_its_samples():
+    # (1·[2, 0] + 3·[0, 4]) / 4 = [0.5, 3]
+    merged = weighted_mean(
+        [({"w": np.array([2.0, 0.0], np.float32)}, 1.0), ({"w": np.array([0.0, 4.0], np.float32)}, 3.0)]
+    )
+    np.testing.assert_allclose(merged["w"], [0.5, 3.0])
+
+
+def test_weighted_mean_refuses_an_empty_round():
+    with pytest.raises(ValueError):
+        weighted_mean([])
+    with pytest.raises(ValueError):
+        weighted_mean([({"w": np.ones(2, np.float32)}, 0.0)])
+
+
+def test_weighted_mean_rule_uses_the_reported_samples_as_weight():
+    assert WeightedMean().weight(samples=48, steps=3) == 48.0
+
+
+def test_blend_keeps_the_mixing_share_of_the_local_parameters():
+    # α = 0.25: 0.25·4 + 0.75·0 = 1
+    assert blend({"w": np.array([4.0])}, {"w": np.array([0.0])}, 0.25)["w"][0] == pytest.approx(1.0)
+    assert blend({"w": np.array([4.0])}, {"w": np.array([2.0])}, 0.0)["w"][0] == pytest.approx(2.0)
+
+
+def test_carry_moves_the_local_parameters_by_the_commits_change():
+    # local 5 trained from anchor 3; the commit moves 3 → 1; so local becomes 3, keeping its +2.
+    assert carry({"w": np.array([5.0])}, {"w": np.array([3.0])}, {"w": np.array([1.0])})["w"][
+        0
+    ] == pytest.approx(3.0)
+
+
+def test_pseudo_gradient_points_from_local_to_anchor():
+    assert pseudo_gradient({"w": np.array([1.0])}, {"w": np.array([0.25])})["w"][0] == pytest.approx(0.75)

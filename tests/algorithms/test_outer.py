@@ -1,0 +1,58 @@
+"""Outer Nesterov pinned to research/algorithms.md §0 on cases computed by hand."""
+
+import numpy as np
+import pytest
+
+from slowlink.algorithms.outer import outer_nesterov
+
+
+def arrays(*values):
+    return {"w": np.array(values, dtype=np.float32)}
+
+
+def test_nesterov_matches_the_equation_step_for_step_on_a_hand_computed_case():
+    # η = 0.5, μ = 0.9, anchor θ0 = [1, 2]; Δ1 = [0.2, -0.4], Δ2 = [0.1, 0.1].
+    # Round 1: b = Δ1 = [0.2, -0.4];          θ1 = θ0 − η(Δ1 + μb) = [1, 2] − 0.5·[0.38, -0.76] = [0.81, 2.38]
+    # Round 2: b = 0.9·[0.2,-0.4] + [0.1,0.1] = [0.28, -0.26]
+    #          θ2 = θ1 − η(Δ2 + μb) = [0.81, 2.38] − 0.5·[0.352, -0.134] = [0.634, 2.447]
+    optimizer = outer_nesterov(lr=0.5, momentum=0.9)
+    anchor = arrays(1.0, 2.0)
+    state = optimizer.init(anchor)
+    theta1, state = optimizer.update(arrays(0.2, -0.4), state, anchor)
+    np.testing.assert_allclose(state.momentum["w"], [0.2, -0.4], atol=1e-7)
+    np.testing.assert_allclose(theta1["w"], [0.81, 2.38], atol=1e-6)
+    theta2, state = optimizer.update(arrays(0.1, 0.1), state, theta1)
+    np.testing.assert_allclose(state.momentum["w"], [0.28, -0.26], atol=1e-6)
+    np.testing.assert_allclose(theta2["w"], [0.634, 2.447], atol=1e-6)
+
+
+def test_heavy_ball_steps_along_the_buffer_alone():
+    # b = μ·b + Δ; θ = θ0 − η·b. Two rounds of Δ = 1 with η = 1, μ = 0.5: b = 1 then 1.5.
+    optimizer = outer_nesterov(lr=1.0, momentum=0.5, nesterov=False)
+    anchor = arrays(0.0)
+    state = optimizer.init(anchor)
+    theta, state = optimizer.update(arrays(1.0), state, anchor)
+    assert theta["w"][0] == pytest.approx(-1.0)
+    theta, state = optimizer.update(arrays(1.0), state, theta)
+    assert theta["w"][0] == pytest.approx(-2.5)
+
+
+def test_outer_lr_one_without_momentum_is_parameter_averaging():
+    # Δ = mean(θ0 − θm) ⇒ θ0 − Δ = mean(θm).
+    rng = np.random.default_rng(0)
+    anchor = {"w": rng.normal(size=5).astype(np.float32)}
+    locals_ = [{"w": rng.normal(size=5).astype(np.float32)} for _ in range(3)]
+    delta = {"w": np.mean([anchor["w"] - local["w"] for local in locals_], axis=0)}
+    optimizer = outer_nesterov(lr=1.0, momentum=0.0)
+    theta, _ = optimizer.update(delta, optimizer.init(anchor), anchor)
+    np.testing.assert_allclose(theta["w"], np.mean([local["w"] for local in locals_], axis=0), atol=1e-6)
+
+
+def test_a_flush_round_applies_the_delta_once_and_leaves_the_momentum_alone():
+    optimizer = outer_nesterov(lr=0.7, momentum=0.9)
+    anchor = arrays(1.0)
+    state = optimizer.init(anchor)
+    _, state = optimizer.update(arrays(1.0), state, anchor)
+    theta, after = optimizer.update(arrays(0.5), state, anchor, use_momentum=False)
+    assert theta["w"][0] == pytest.approx(1.0 - 0.7 * 0.5)
+    assert after is state
