@@ -1,0 +1,108 @@
+"""Nothing silently lost: rejected contributions, late ones, and steps dropped on leaving are counted,
+reported as events through the callback and the "slowlink" logger, and recorded in the commit."""
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import save
+
+import slowlink as sl
+from slowlink.protocol import keys, records
+from slowlink.protocol.run import read_commit, read_run
+from slowlink.wire import payload
+
+from .nodes import batches, sgd_step, tiny_mlp
+
+
+def plant_contribution(mailbox, node, arrays_for, *, round_=1, fragment=0, samples=4):
+    """Write a contribution as another node would, with whatever values `arrays_for(plan)` gives."""
+    run = read_run(mailbox)
+    data = raw_payload(arrays_for(run), run.expect(kind="delta", fragment=fragment, round=round_, node=node))
+    sha = payload.digest(data)
+    mailbox.put(keys.contribution_payload(fragment, round_, node, sha), data)
+    record = {"node": node, "fragment": fragment, "round": round_, "base": round_ - 1, "blob": sha,
+              "samples": samples, "steps": 2, "final": False, "step_seconds": 0.01}  # fmt: skip
+    mailbox.put(keys.contribution(fragment, round_, node), records.encode(record))
+
+
+def raw_payload(arrays, header):
+    """A payload framed as slowlink frames it, but without the encoder's checks: what a bad peer can send."""
+    entries = {name: np.ascontiguousarray(values, np.float32).reshape(-1) for name, values in arrays.items()}
+    shapes_ = json.dumps({name: list(values.shape) for name, values in arrays.items()})
+    metadata = {"format": payload.FORMAT, "encoding": "F32", "shapes": shapes_}
+    return save(entries, metadata=metadata | {key: str(value) for key, value in header.items()})
+
+
+def shapes(run):
+    return {name: shape for name, shape, _ in run.schema}
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (lambda run: {n: np.full(s, np.nan, np.float32) for n, s in shapes(run).items()}, "NaN or infinite"),
+        (
+            lambda run: {n: np.zeros(s, np.float32) for n, s in list(shapes(run).items())[:2]},
+            "not fragment 0's",
+        ),
+    ],
+)
+def test_a_bad_contribution_is_rejected_with_its_reason_and_the_round_commits_without_it(bad, reason, caplog):
+    mailbox, events = sl.MemoryMailbox(), []
+    model = tiny_mlp()
+    algorithm = sl.DiLoCo(sync_every=2, overlap_steps=0)
+    with caplog.at_level(logging.INFO, logger="slowlink"):
+        with sl.Session(model, algorithm=algorithm, mailbox=mailbox, node_id="good", poll_seconds=0.005,
+                        on_event=events.append) as session:  # fmt: skip
+            plant_contribution(mailbox, "evil", bad)
+            for batch in batches(0, 2):
+                sgd_step(model, batch, 0.1)
+                session.step(samples=4)
+            stats = session.stats
+    record = read_commit(mailbox, 0, 1)
+    assert [c["node"] for c in record["contributors"]] == ["good"]
+    assert record["rejected"][0]["node"] == "evil" and reason in record["rejected"][0]["reason"]
+    assert stats.contributions_rejected == 1
+    assert [e.data["from"] for e in events if e.kind == "contribution_rejected"] == ["evil"]
+    assert any(r.levelno == logging.WARNING and "evil" in r.getMessage() for r in caplog.records)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_a_record_that_is_not_json_is_rejected_and_recorded():
+    mailbox = sl.MemoryMailbox()
+    model = tiny_mlp()
+    with sl.Session(model, algorithm=sl.DiLoCo(sync_every=2, overlap_steps=0), mailbox=mailbox, node_id="good",
+                    poll_seconds=0.005) as session:  # fmt: skip
+        mailbox.put(keys.contribution(0, 1, "junk"), b"\x80not json")
+        for batch in batches(0, 2):
+            sgd_step(model, batch, 0.1)
+            session.step(samples=4)
+    record = read_commit(mailbox, 0, 1)
+    assert record["rejected"] == [{"node": "junk", "reason": "rounds/0000/0000000001/junk.json is not valid JSON: "
+                                   "'utf-8' codec can't decode byte 0x80 in position 0: invalid start byte"}]  # fmt: skip
+
+
+def test_steps_trained_after_the_last_sync_are_counted_as_dropped_or_published_with_flush_on_close():
+    for flush, dropped in ((False, 3), (True, 0)):
+        mailbox, events = sl.MemoryMailbox(), []
+        model = tiny_mlp()
+        algorithm = sl.DiLoCo(sync_every=4, flush_on_close=flush, overlap_steps=0)
+        with sl.Session(model, algorithm=algorithm, mailbox=mailbox, node_id="n", poll_seconds=0.005,
+                        on_event=events.append) as session:  # fmt: skip
+            for batch in batches(0, 7):
+                sgd_step(model, batch, 0.1)
+                session.step(samples=4)
+        assert session.stats.steps_unmerged == dropped
+        assert [e.data["steps"] for e in events if e.kind == "steps_dropped"] == (
+            [dropped] if dropped else []
+        )
+        if flush:
+            final = read_commit(mailbox, 0, 2)
+            assert final["flush_only"] and final["contributors"][0]["steps"] == 3
+        # Leaving aligns the model with the newest commit.
+        evaluator = tiny_mlp(seed=9)
+        sl.align(evaluator, mailbox=mailbox)
+        assert all(torch.equal(a, b) for a, b in zip(model.parameters(), evaluator.parameters(), strict=True))
