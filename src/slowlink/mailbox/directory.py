@@ -39,6 +39,11 @@ class DirMailbox:
             temporary = scratch / f"{os.getpid()}-{time.monotonic_ns()}-{os.urandom(4).hex()}"
             with open(temporary, "wb") as out:
                 out.write(data)
+            # Inodes are reused at once, and kernels before 6.13 stamp files with a clock that ticks only
+            # every few milliseconds, so two quick writes of one size could repeat an etag (ABA under
+            # compare-and-swap). A nanosecond stamp from the fine clock makes each write's etag new.
+            now = time.time_ns()
+            os.utime(temporary, ns=(now, now))
         except OSError as error:
             raise MailboxRejected(
                 f"cannot write to mailbox directory {self.path}: {error.strerror}; "
@@ -113,9 +118,10 @@ class DirMailbox:
         return sorted(found, key=lambda item: item.key.encode())
 
     def delete(self, keys: list[str]) -> None:
-        for key in keys:
+        files = [self._file(key) for key in keys]  # all checked first, so a bad key deletes nothing
+        for key, file in zip(keys, files, strict=True):
             try:
-                self._file(key).unlink()
+                file.unlink()
             except FileNotFoundError:
                 pass
             except OSError as error:

@@ -51,6 +51,8 @@ class MemoryMailbox:
         ]
 
     def delete(self, keys: list[str]) -> None:
+        for key in keys:  # all checked first, so a bad key deletes nothing
+            check_key(key)
         with self._lock:
             for key in keys:
                 self._objects.pop(key, None)
