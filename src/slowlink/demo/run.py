@@ -1,0 +1,308 @@
+"""The `slowlink demo` run: M learner processes train one model through a directory mailbox, then one
+process trains alone on the same number of samples, each reporting to the parent through a queue.
+
+Every learner runs the same plain loop; only the distributed ones wrap it in a slowlink Session.
+Drawing (live table, summary, PNG) is left to report.py, the model and data to model.py and corpus.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import multiprocessing as mp
+import os
+import queue as queue_module
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ConfigError, SlowlinkError
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoConfig:
+    steps: int = 300  # local steps per node; the process alone trains workers × steps
+    workers: int = 2
+    sync_every: int = 50
+    fragments: int = 2
+    batch_size: int = 16
+    model: str = "small"
+    seed: int = 0
+    mailbox: str | None = None  # a folder for the DirMailbox; None: a temporary one
+    out: str = "slowlink-demo"
+    eval_every: int = 50  # steps between held-out evaluations, on every learner alike
+    eval_windows: int = 64
+
+    def __post_init__(self) -> None:
+        for name in (
+            "steps",
+            "workers",
+            "sync_every",
+            "fragments",
+            "batch_size",
+            "eval_every",
+            "eval_windows",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)} must be at least 1")
+        if self.fragments > self.sync_every:
+            raise ConfigError(
+                f"--fragments {self.fragments} exceeds --sync-every {self.sync_every}: each fragment syncs once "
+                "every sync_every steps on its own phase, so use at most sync_every fragments"
+            )
+        if self.model not in ("small", "tiny"):
+            raise ConfigError(f"--model {self.model!r} is unknown; choose small or tiny")
+
+
+class DemoFailed(SlowlinkError):
+    """A learner process failed; the message carries its traceback."""
+
+
+@dataclass
+class Curve:
+    """Held-out loss of one configuration as training went: total samples, seconds since start, nats."""
+
+    samples: list[int] = field(default_factory=list)
+    wall: list[float] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+
+    def loss_at_wall(self, seconds: float) -> float:
+        """Linear interpolation in wall time; the last point if the curve ends earlier."""
+        points = list(zip(self.wall, self.loss, strict=True))
+        for (w0, l0), (w1, l1) in zip(points, points[1:], strict=False):
+            if w0 <= seconds <= w1:
+                return l0 + (l1 - l0) * (seconds - w0) / (w1 - w0) if w1 > w0 else l1
+        return self.loss[-1] if seconds > self.wall[-1] else self.loss[0]
+
+
+@dataclass
+class PhaseResult:
+    label: str
+    nodes: list[str]
+    wall_s: float
+    samples: int
+    curve: Curve
+    stats: dict[str, dict]  # node -> its final Session stats, as a dict; empty for the process alone
+    events: list[dict]
+    final_loss: float = float("nan")
+
+
+@dataclass
+class DemoResult:
+    config: DemoConfig
+    parameters: int
+    corpus: dict
+    distributed: PhaseResult
+    alone: PhaseResult
+    alone_loss_at_equal_wall: float
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The learner: one process, one thread, one plain training loop.
+
+
+def learner(config: DemoConfig, node: int, name: str, steps: int, mailbox: str | None, queue, start) -> None:
+    """Train `steps` steps and report to the parent; in a Session over `mailbox` unless it is None."""
+    try:
+        _learn(config, node, name, steps, mailbox, queue, start)
+    except BaseException:
+        queue.put({"kind": "error", "node": name, "traceback": traceback.format_exc()})
+        raise
+
+
+def _learn(config: DemoConfig, node: int, name: str, steps: int, mailbox: str | None, queue, start) -> None:
+    import torch  # imported here: the parent draws and never needs torch before the results
+
+    import slowlink as sl
+
+    from .corpus import TrainWindows, heldout_windows, load_corpus
+    from .model import build_model, evaluate, lr_at, make_optimizer, train_step
+
+    # One thread per learner: the demo's processes share the machine's cores fairly.
+    torch.set_num_threads(1)
+    # Events reach the parent through the queue; logging them too would draw over its live table.
+    logging.getLogger("slowlink").addHandler(logging.NullHandler())
+    logging.getLogger("slowlink").propagate = False
+
+    corpus = load_corpus()
+    model = build_model(config.model, seed=config.seed)  # the same initial model on every node
+    optimizer = make_optimizer(model)
+    stream = TrainWindows(corpus, node=node, nodes=config.workers, seed=config.seed)
+    heldout = heldout_windows(corpus, config.eval_windows)
+    queue.put({"kind": "ready", "node": name})
+    start.wait()
+
+    def on_event(event) -> None:
+        queue.put({"kind": "event", "node": name, "event": event.kind, "message": event.message})
+
+    def held_out(step: int) -> None:
+        loss = evaluate(model, heldout)
+        queue.put({"kind": "eval", "node": name, "step": step, "time": time.monotonic(), "loss": loss})
+
+    session = None
+    if mailbox is not None:
+        # flush_on_close: the steps trained after a fragment's last sync reach the final model too.
+        algorithm = sl.DiLoCo(sync_every=config.sync_every, fragments=config.fragments, flush_on_close=True)
+        session = sl.Session(
+            model, algorithm=algorithm, mailbox=sl.DirMailbox(mailbox), node_id=name, on_event=on_event
+        )
+    with session or contextlib.nullcontext():
+        held_out(0)
+        for step in range(1, steps + 1):
+            loss = train_step(model, optimizer, stream.next_batch(config.batch_size), lr=lr_at(step - 1))
+            stats = {}
+            if session is not None:
+                session.step(samples=config.batch_size)
+                stats = dataclasses.asdict(session.stats)
+            queue.put({"kind": "progress", "node": name, "step": step, "loss": loss, "stats": stats})
+            if step % config.eval_every == 0 or step == steps:
+                held_out(step)
+    # After the Session has closed, its stats include what closing published.
+    final = dataclasses.asdict(session.stats) if session is not None else {}
+    queue.put({"kind": "done", "node": name, "time": time.monotonic(), "stats": final})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The parent: start learners, relay their reports to the view, collect the results.
+
+
+def run_phase(
+    config: DemoConfig, label: str, names: list[str], steps: int, mailbox: str | None, view
+) -> PhaseResult:
+    """Run one learner process per name to the end; `view.update(message)` sees every report."""
+    context = mp.get_context("spawn")  # a fresh interpreter: no inherited threads or torch state
+    queue, start = context.Queue(), context.Event()
+    processes = [
+        context.Process(
+            target=learner, args=(config, index, name, steps, mailbox, queue, start), name=f"slowlink-{name}"
+        )
+        for index, name in enumerate(names)
+    ]
+    for process in processes:
+        process.start()
+    evals: dict[str, list[dict]] = {name: [] for name in names}
+    stats: dict[str, dict] = {}
+    events: list[dict] = []
+    try:
+        for _ in names:
+            _expect(_next(queue, processes), "ready")
+        began = time.monotonic()
+        start.set()  # wall time counts from here: after every learner has loaded the corpus and the model
+        finished = began
+        while len(stats) < len(names):
+            message = _next(queue, processes)
+            view.update(message)
+            if message["kind"] == "eval":
+                evals[message["node"]].append(message)
+            elif message["kind"] == "event":
+                events.append(message)
+            elif message["kind"] == "done":
+                stats[message["node"]] = message["stats"]
+                finished = max(finished, message["time"])
+    except BaseException:
+        for process in processes:  # one learner failed, or Ctrl-C: the others must not train on alone
+            process.terminate()
+        raise
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    samples = len(names) * steps * config.batch_size
+    return PhaseResult(
+        label=label,
+        nodes=names,
+        wall_s=finished - began,
+        samples=samples,
+        curve=_merge_curves(evals, began, config.batch_size),
+        stats=stats if mailbox is not None else {},
+        events=events,
+    )
+
+
+def _next(queue, processes) -> dict:
+    """The next report; a learner that died, or an error it reported, stops the run with its traceback."""
+    while True:
+        try:
+            message = queue.get(timeout=0.5)
+        except queue_module.Empty:
+            dead = [p for p in processes if p.exitcode not in (None, 0)]
+            if dead:
+                raise DemoFailed(f"learner {dead[0].name} exited with code {dead[0].exitcode}") from None
+            continue
+        if message["kind"] == "error":
+            raise DemoFailed(f"learner {message['node']} failed:\n{message['traceback']}")
+        return message
+
+
+def _expect(message: dict, kind: str) -> None:
+    assert message["kind"] == kind, f"expected a {kind!r} report first, got {message}"
+
+
+def _merge_curves(evals: dict[str, list[dict]], began: float, batch_size: int) -> Curve:
+    """One curve for a phase: at each evaluated step, the mean over nodes of their local held-out loss,
+    at the total samples of all nodes and the time the slowest node got there."""
+    curve = Curve()
+    by_node = list(evals.values())
+    for points in zip(*by_node, strict=False):
+        curve.samples.append(sum(p["step"] for p in points) * batch_size)
+        curve.wall.append(max(p["time"] for p in points) - began)
+        curve.loss.append(sum(p["loss"] for p in points) / len(points))
+    return curve
+
+
+def committed_loss(config: DemoConfig, mailbox: str) -> float:
+    """Held-out loss of the run's newest committed model, loaded as a user would with sl.align."""
+    import slowlink as sl
+
+    from .corpus import heldout_windows, load_corpus
+    from .model import build_model, evaluate
+
+    model = build_model(config.model, seed=config.seed)
+    sl.align(model, mailbox=sl.DirMailbox(mailbox))
+    return evaluate(model, heldout_windows(load_corpus(), config.eval_windows))
+
+
+def run_demo(config: DemoConfig, view) -> DemoResult:
+    """The distributed run, then the process alone on as many samples; `view` draws the progress."""
+    from .corpus import load_corpus
+    from .model import build_model
+
+    corpus = load_corpus()
+    parameters = sum(p.numel() for p in build_model(config.model).parameters())
+    with tempfile.TemporaryDirectory(prefix="slowlink-demo-") as scratch:
+        mailbox = config.mailbox or os.path.join(scratch, "mailbox")
+        if Path(mailbox).exists() and any(Path(mailbox).iterdir()):
+            raise ConfigError(
+                f"--mailbox {mailbox} is not empty: a demo starts a new run; pass a new or empty folder"
+            )
+        try:
+            names = [f"node-{i}" for i in range(config.workers)]
+            view.begin(f"{config.workers} nodes, DiLoCo through a directory mailbox", names, config.steps)
+            distributed = run_phase(config, "distributed", names, config.steps, mailbox, view)
+            distributed.final_loss = committed_loss(config, mailbox)
+            alone_steps = config.workers * config.steps
+            view.begin("one process alone, as many samples", ["alone"], alone_steps)
+            alone = run_phase(config, "alone", ["alone"], alone_steps, None, view)
+            alone.final_loss = alone.curve.loss[-1]
+        finally:
+            view.end()
+    return DemoResult(
+        config=config,
+        parameters=parameters,
+        corpus={
+            "sha256": corpus.sha256,
+            "bytes": corpus.size,
+            "files": corpus.files,
+            "python": corpus.python,
+        },
+        distributed=distributed,
+        alone=alone,
+        alone_loss_at_equal_wall=alone.curve.loss_at_wall(distributed.wall_s),
+    )
