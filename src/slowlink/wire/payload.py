@@ -3,6 +3,7 @@
 A payload is content-addressed (its key is the sha256 of its bytes) and size-bounded. Nothing is
 unpickled: safetensors holds raw little-endian arrays and a JSON header. `unpack` checks the digest,
 the size, the header's run and schema, and that every value is finite, before anything touches a model.
+Readers take plain payloads and compressed frames (`compress.compress`) alike; digests are of stored bytes.
 """
 
 import hashlib
@@ -13,9 +14,12 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from ..errors import PayloadError
+from .compress import decompress, header_prefix, is_compressed
 from .encodings import get_encoding
 
 FORMAT = "slowlink-1"
+# How far a compressed payload may expand when the caller gives no max_bytes.
+DEFAULT_MAX_BYTES = 1 << 32
 
 
 def digest(data: bytes) -> str:
@@ -27,7 +31,11 @@ def pack(arrays: dict[str, np.ndarray], header: dict[str, object], *, encoding: 
     codec = get_encoding(encoding)
     entries: dict[str, np.ndarray] = {}
     for name, values in arrays.items():
-        for suffix, stored in codec.encode(values).items():
+        try:
+            encoded = codec.encode(values)
+        except PayloadError as error:
+            raise PayloadError(f"tensor {name!r} cannot be encoded as {encoding}: {error}") from None
+        for suffix, stored in encoded.items():
             entries[name + suffix] = np.ascontiguousarray(stored)
     shapes = {name: list(values.shape) for name, values in arrays.items()}
     metadata = {"format": FORMAT, "encoding": encoding, "shapes": json.dumps(shapes)}
@@ -36,6 +44,9 @@ def pack(arrays: dict[str, np.ndarray], header: dict[str, object], *, encoding: 
 
 
 def read_header(data: bytes) -> dict[str, str]:
+    """The string header of a payload, plain or compressed (then only the header is decompressed)."""
+    if is_compressed(data):
+        data = header_prefix(data, DEFAULT_MAX_BYTES)
     if len(data) < 8:
         raise PayloadError(f"payload of {len(data)} bytes is truncated: it cannot hold a safetensors header")
     length = int.from_bytes(data[:8], "little")
@@ -61,7 +72,8 @@ def unpack(
     """Check and decode a payload into float32 arrays and its header.
 
     expected_digest: the sha256 the payload must have (its key). expect: header fields that must match
-    (run, schema, ...). max_bytes: the run's size limit. Raises PayloadError naming the failed check.
+    (run, schema, ...). max_bytes: the run's size limit, of the stored bytes and of a compressed
+    payload once expanded (DEFAULT_MAX_BYTES if None). Raises PayloadError naming the failed check.
     """
     if max_bytes is not None and len(data) > max_bytes:
         raise PayloadError(f"payload of {len(data)} bytes exceeds the run's limit of {max_bytes} bytes")
@@ -69,11 +81,13 @@ def unpack(
         raise PayloadError(
             f"payload digest {digest(data)[:16]}… does not match its key {expected_digest[:16]}…"
         )
+    if is_compressed(data):
+        data = decompress(data, DEFAULT_MAX_BYTES if max_bytes is None else max_bytes)
     header = read_header(data)
     for field, value in (expect or {}).items():
         if header.get(field) != str(value):
             raise PayloadError(f"payload {field} is {header.get(field)!r}, expected {str(value)!r}")
-    codec = get_encoding(header["encoding"])
+    codec = get_encoding(header.get("encoding", ""))
     try:
         entries = st_load(data)
         shapes = json.loads(header["shapes"])
