@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .algorithms.diloco import DiLoCo
+from .algorithms.mixing import carry_change, carry_overlap_change
 from .algorithms.schedule import due_fragments
 from .errors import ConfigError, PayloadError, SessionStateError
 from .events import Event, log_event
@@ -61,6 +62,9 @@ class _InFlight:
     snapshot_step: int
     steps: int
     samples: int
+    # The snapshot, which the communication thread turns into Δ = anchor − snapshot in place before it
+    # uploads; once a commit holding this contribution arrives, Δ is there to carry the overlap steps.
+    delta: dict
 
 
 class Session:
@@ -219,7 +223,8 @@ class Session:
             if fragment in self._in_flight or len(self._in_flight) >= self.algorithm.max_in_flight:
                 continue
             self._owed.discard(fragment)
-            self._publish(fragment, final=False)
+            if self._pending_steps[fragment] > 0:  # a commit may have replaced every step since the last sync
+                self._publish(fragment, final=False)
         self._count_deferred()
         self._wait_for_overlap()
 
@@ -234,7 +239,7 @@ class Session:
         version, anchor = self._anchors[fragment]
         snapshot = self.adapter.snapshot(self.plan[fragment])
         flight = _InFlight(
-            version + 1, self._step, self._pending_steps[fragment], self._pending_samples[fragment]
+            version + 1, self._step, self._pending_steps[fragment], self._pending_samples[fragment], snapshot
         )
         self._in_flight[fragment] = flight
         self._pending_steps[fragment] = self._pending_samples[fragment] = 0
@@ -275,19 +280,24 @@ class Session:
         flight = self._in_flight.get(fragment)
         if flight is not None and flight.round > alignment.version:
             flight = None  # still waiting for a later round
-        if flight is not None and alignment.mine == "merged":
-            # θ ← α·θ + (1−α)·Θ: the steps since the snapshot are (partly) replaced by the commit.
-            self.adapter.blend(alignment.params, self.algorithm.mixing)
+        mixing = self.algorithm.mixing
+        if flight is not None and alignment.mine == "merged" and mixing is None:
+            # θ ← θ + (Θ_new − θ_snapshot), θ_snapshot = anchor − Δ: the steps trained while the round was in
+            # flight stay, on top of the commit, and go into the next contribution. Nothing is lost.
+            self.adapter.shift(carry_overlap_change(anchor, alignment.params, flight.delta))
+        elif flight is not None and alignment.mine == "merged":
+            # θ ← α·θ + (1−α)·Θ (Streaming DiLoCo): the steps since the snapshot are partly replaced.
+            self.adapter.blend(alignment.params, mixing)
             overlap = self._pending_steps[fragment]
             if overlap:
                 self._emit(Event("steps_replaced", self.node_id,
                                  f"fragment {fragment}: {overlap} steps trained while round {flight.round} was in "
-                                 f"flight were blended with mixing={self.algorithm.mixing}", {"steps": overlap}))  # fmt: skip
-            if self.algorithm.mixing == 0:
+                                 f"flight were blended with mixing={mixing}", {"steps": overlap}))  # fmt: skip
+            if mixing == 0:
                 self._pending_steps[fragment] = self._pending_samples[fragment] = 0
         else:
             # θ ← θ + (Θ_new − Θ_old): keep every local step; the next contribution carries them.
-            self.adapter.shift({name: alignment.params[name] - anchor[name] for name in anchor})
+            self.adapter.shift(carry_change(anchor, alignment.params))
             if flight is not None:
                 self._pending_steps[fragment] += flight.steps
                 self._pending_samples[fragment] += flight.samples

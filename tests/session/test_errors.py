@@ -58,7 +58,8 @@ def test_joining_with_another_algorithm_configuration_names_each_differing_optio
     start_run(mailbox, sl.DiLoCo(sync_every=5))
     before = listing(mailbox)
     with pytest.raises(
-        sl.RunConfigMismatch, match=r"mixing=0.5 here but 0.0 in the run; sync_every=10 here but 5 in the run"
+        sl.RunConfigMismatch,
+        match=r"mixing=0.5 here but None in the run; sync_every=10 here but 5 in the run",
     ):
         with sl.Session(tiny_mlp(), algorithm=sl.DiLoCo(sync_every=10, mixing=0.5), mailbox=mailbox):
             pass

@@ -25,7 +25,9 @@ class DiLoCo:
     in_flight: most of this node's contributions awaiting their commit at once (default: fragments).
     overlap_steps (τ): wait once a contribution made τ steps ago is not yet committed; 0 is DiLoCo's
         barrier; None never waits.
-    mixing (α): share of the local parameters kept when aligning with a commit; 0 replaces them.
+    mixing (α): aligning with a commit that holds this node's contribution sets θ ← α·θ + (1−α)·Θ
+        (Streaming DiLoCo; 0 replaces the steps trained meanwhile). None (default) carries those steps
+        onto the commit instead, θ ← θ + (Θ − θ_snapshot), so no step is lost when a round is slow.
     outer_lr (η), outer_momentum (μ), nesterov: the outer optimizer.
     merge: how a round's contributions combine; quorum_size: contributions a round waits for.
     grace_seconds: how long a round with a quorum waits for other live nodes (None: adaptive).
@@ -40,7 +42,7 @@ class DiLoCo:
     partition: Strided | BalancedBytes = field(default_factory=BalancedBytes)
     in_flight: int | None = None
     overlap_steps: int | None = None
-    mixing: float = 0.0
+    mixing: float | None = None
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     nesterov: bool = True
@@ -65,7 +67,10 @@ class DiLoCo:
                 "overlap_steps", self.overlap_steps, 0, self.sync_every - 1,
                 f"0 (DiLoCo's barrier) up to sync_every-1={self.sync_every - 1}, or None never to wait",
             )  # fmt: skip
-        _require_float("mixing", self.mixing, 0.0, 1.0, upper_open=True, hint="0 replaces, 0.5 keeps half")
+        if self.mixing is not None:
+            _require_float(
+                "mixing", self.mixing, 0.0, 1.0, upper_open=True, hint="0 replaces, 0.5 keeps half"
+            )
         _require_float("outer_lr", self.outer_lr, 0.0, 10.0, lower_open=True, hint="DiLoCo uses 0.7")
         _require_float(
             "outer_momentum", self.outer_momentum, 0.0, 1.0, upper_open=True, hint="DiLoCo uses 0.9"

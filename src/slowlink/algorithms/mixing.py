@@ -1,9 +1,13 @@
-"""What aligning a fragment with a new commit does to the node's live parameters.
+"""What aligning a fragment with a new commit Θ_new does to the node's live parameters θ.
 
-blend (Streaming DiLoCo §2.3, α = mixing):  θ ← α·θ_local + (1−α)·Θ_commit
-carry (a commit that does not contain this node's steps):  θ ← θ_local + (Θ_new − Θ_old)
-Carry keeps every local step since the old anchor, so the next pseudo-gradient, taken against Θ_new,
-still holds them: nothing trained is lost when a contribution misses its round.
+blend (Streaming DiLoCo §2.3, α = mixing), for a commit that holds this node's contribution:
+    θ ← α·θ + (1−α)·Θ_new
+carry, the default for such a commit: keep the steps trained since the snapshot θ_s = Θ_old − Δ:
+    θ ← θ + (Θ_new − θ_s) = θ + (Θ_new − Θ_old + Δ)
+carry, for a commit without this node's contribution (late, rejected, or none sent):
+    θ ← θ + (Θ_new − Θ_old)
+Carrying keeps every local step not yet merged; the next Δ, taken against Θ_new, holds them.
+The `*_change` functions return the change to add to θ, so adapters apply it in place on the device.
 """
 
 import numpy as np
@@ -15,8 +19,12 @@ def blend(local: Arrays, committed: Arrays, mixing: float) -> Arrays:
     return {name: mixing * local[name] + (1.0 - mixing) * committed[name] for name in committed}
 
 
-def carry(local: Arrays, old_anchor: Arrays, new_anchor: Arrays) -> Arrays:
-    return {name: local[name] + (new_anchor[name] - old_anchor[name]) for name in new_anchor}
+def carry_change(old_anchor: Arrays, new_anchor: Arrays) -> Arrays:
+    return {name: new_anchor[name] - old_anchor[name] for name in new_anchor}
+
+
+def carry_overlap_change(old_anchor: Arrays, new_anchor: Arrays, delta: Arrays) -> Arrays:
+    return {name: new_anchor[name] - old_anchor[name] + delta[name] for name in new_anchor}
 
 
 def pseudo_gradient(anchor: Arrays, local: Arrays) -> Arrays:

@@ -113,7 +113,9 @@ class Courier:
         except MailboxError as error:
             self.emit(Event("mailbox_error", self.node_id, f"while leaving: {error}"))
 
-    def live_nodes(self) -> set[str]:
+    def live_nodes(self, fresh: bool = False) -> set[str]:
+        if fresh:
+            self._observe_leases()
         live = {key.removeprefix(keys.NODES).removesuffix(".json") for key in self.liveness.live_keys()}
         return live | {self.node_id}
 
@@ -144,7 +146,6 @@ class Courier:
         elif change == "lost":
             self.emit(Event("leader_lost", self.node_id, "another node took over the leadership"))
         if self.leadership.is_leader:
-            self._observe_leases()
             self._merge()
 
     def _send_contributions(self) -> None:
@@ -246,12 +247,8 @@ class Courier:
                 self._fetch_commit(fragment, round_)
 
     def _merge(self) -> None:
-        live = self.live_nodes()
-        for fragment in range(self.fragments):
-            version, params = self.latest[fragment]
-            if version != self.head[fragment]:
-                continue  # fetch the newest commit before building on it
-            committed = self.merger.step(fragment, version, params, live)
-            if committed is not None:
-                self.head[fragment] = committed.round
-                self._deliver(fragment, committed.round, committed.params, committed.record)
+        # Only fragments whose newest commit this node holds: it builds on nothing older.
+        ready = {q: self.latest[q] for q in range(self.fragments) if self.latest[q][0] == self.head[q]}
+        for committed in self.merger.step(ready, self.live_nodes):
+            self.head[committed.fragment] = committed.round
+            self._deliver(committed.fragment, committed.round, committed.params, committed.record)

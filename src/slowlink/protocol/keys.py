@@ -17,6 +17,7 @@ RUN = "run.json"
 HEAD = "head.json"
 LEADER = "leader.json"
 NODES = "nodes/"
+ROUNDS = "rounds/"
 
 NODE_ID = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 
@@ -30,7 +31,16 @@ def node(node_id: str) -> str:
 
 
 def round_folder(fragment: int, round_: int) -> str:
-    return f"rounds/{fragment:04d}/{round_:010d}/"
+    return f"{ROUNDS}{fragment:04d}/{round_:010d}/"
+
+
+_CONTRIBUTION = re.compile(r"^rounds/(\d{4})/(\d{10})/([a-z0-9][a-z0-9_-]{0,63})\.json$")
+
+
+def parse_contribution(key: str) -> tuple[int, int, str] | None:
+    """(fragment, round, node) of a contribution record's key; None for payloads and anything else."""
+    match = _CONTRIBUTION.match(key)
+    return (int(match.group(1)), int(match.group(2)), match.group(3)) if match else None
 
 
 def contribution(fragment: int, round_: int, node_id: str) -> str:

@@ -58,29 +58,44 @@ class Merger:
         self.outer_states: dict[int, tuple[int, OuterState]] = {}
         self.open: dict[int, OpenRound] = {}
 
-    def step(self, fragment: int, version: int, anchor: Arrays, live_nodes: set[str]) -> Committed | None:
-        """Look at round version+1 of `fragment` once; commit it if it is ready."""
-        round_ = version + 1
-        current = self.open.get(fragment)
-        if current is None or current.round != round_:
-            current = self.open[fragment] = OpenRound(round_)
-        self._read_new_contributions(fragment, current)
-        if not self._ready(current, live_nodes):
-            return None
-        return self._commit(fragment, current, anchor)
+    def step(
+        self, versions: dict[int, tuple[int, Arrays]], live_nodes: Callable[[bool], set[str]]
+    ) -> list[Committed]:
+        """Look once at the next round of every fragment (one LIST for all); commit those that are ready.
 
-    def _read_new_contributions(self, fragment: int, current: OpenRound) -> None:
-        for listing in self.mailbox.list(keys.round_folder(fragment, current.round)):
-            if not listing.key.endswith(".json"):
-                continue
-            node = listing.key.rsplit("/", 1)[1].removesuffix(".json")
+        versions: fragment -> (its newest commit, that commit's parameters) for the fragments to merge.
+        live_nodes(fresh): the nodes whose leases are live; fresh=True reads the leases again first.
+        """
+        records_by_round: dict[tuple[int, int], list[str]] = {}
+        for listing in self.mailbox.list(keys.ROUNDS):
+            parsed = keys.parse_contribution(listing.key)
+            if parsed is not None:
+                records_by_round.setdefault(parsed[:2], []).append(listing.key)
+        committed = []
+        for fragment, (version, anchor) in sorted(versions.items()):
+            current = self.open.get(fragment)
+            if current is None or current.round != version + 1:
+                current = self.open[fragment] = OpenRound(version + 1)
+            self._read_new_contributions(
+                fragment, current, records_by_round.get((fragment, current.round), [])
+            )
+            if (
+                self._ready(current, live_nodes)
+                and (done := self._commit(fragment, current, anchor)) is not None
+            ):
+                committed.append(done)
+        return committed
+
+    def _read_new_contributions(self, fragment: int, current: OpenRound, record_keys: list[str]) -> None:
+        for key in record_keys:
+            node = key.rsplit("/", 1)[1].removesuffix(".json")
             if node in current.accepted or node in current.rejected:
                 continue
-            found = self.mailbox.get(listing.key)
+            found = self.mailbox.get(key)
             if found is None or found.data is None:
                 continue
             try:
-                record = records.decode(found.data, records.CONTRIBUTION_FIELDS, what=listing.key)
+                record = records.decode(found.data, records.CONTRIBUTION_FIELDS, what=key)
                 self._judge(record, node, fragment, current.round)
             except PayloadError as error:
                 self._reject(current, node, str(error))
@@ -107,15 +122,15 @@ class Merger:
         self.emit(Event("contribution_rejected", self.node_id, f"round {current.round} from {node}: {reason}",
                         {"round": current.round, "from": node, "reason": reason}))  # fmt: skip
 
-    def _ready(self, current: OpenRound, live_nodes: set[str]) -> bool:
+    def _ready(self, current: OpenRound, live_nodes: Callable[[bool], set[str]]) -> bool:
         if not current.accepted:
             return False
         reported = set(current.accepted) | set(current.rejected)
-        if live_nodes <= reported:
-            return True
         if current.quorum_at is None:
-            return False
-        return self.clock() - current.quorum_at >= self._grace(current)
+            # Short of the quorum, a round closes only once every live node has reported: read the
+            # leases afresh, so that a node that joined a moment ago is waited for.
+            return live_nodes(True) <= reported
+        return live_nodes(False) <= reported or self.clock() - current.quorum_at >= self._grace(current)
 
     def _grace(self, current: OpenRound) -> float:
         if self.algorithm.grace_seconds is not None:
