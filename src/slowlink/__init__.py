@@ -16,6 +16,16 @@ from .events import Event
 from .mailbox import DirMailbox, MemoryMailbox
 from .session import Session, SessionStats, align
 
+
+def __getattr__(name: str):
+    # S3Mailbox needs boto3 (the s3 extra): imported on first use, so `import slowlink` works without it.
+    if name == "S3Mailbox":
+        from .mailbox import S3Mailbox
+
+        return S3Mailbox
+    raise AttributeError(f"module 'slowlink' has no attribute {name!r}")
+
+
 __all__ = [
     "BalancedBytes",
     "ConfigError",
@@ -25,6 +35,7 @@ __all__ = [
     "MailboxError",
     "MemoryMailbox",
     "PayloadError",
+    "S3Mailbox",
     "RunConfigMismatch",
     "SchemaMismatch",
     "Session",

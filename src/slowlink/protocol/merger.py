@@ -192,7 +192,12 @@ class Merger:
             "round": current.round,
         }
         params_sha = put_blob(self.mailbox, payload.pack(params, header | {"kind": "params"}))
-        outer_sha = put_blob(self.mailbox, payload.pack(state.momentum, header | {"kind": "outer"}))
+        # Without momentum the outer state is always zero: nothing to store.
+        outer_sha = (
+            put_blob(self.mailbox, payload.pack(state.momentum, header | {"kind": "outer"}))
+            if self.algorithm.outer_momentum > 0
+            else None
+        )
         record = {
             "fragment": fragment,
             "round": current.round,
@@ -217,8 +222,12 @@ class Merger:
         try:
             self.mailbox.put(keys.commit(fragment, current.round), records.encode(record), if_absent=True)
         except PreconditionFailed:
-            self.mailbox.delete([keys.blob(params_sha), keys.blob(outer_sha)])
-            return None  # another leader committed this round first; we adopt it through head.json
+            # Either another leader committed first, or our own write landed and only its answer was lost
+            # (a retried create-once then sees our object): the record says which.
+            existing = read_commit(self.mailbox, fragment, current.round)
+            if existing is None or existing["params"] != params_sha:
+                self.mailbox.delete([keys.blob(sha) for sha in (params_sha, outer_sha) if sha])
+                return None  # another leader's commit; we adopt it through head.json
         advance_head(self.mailbox, len(self.run.plan), fragment, current.round)
         self.outer_states[fragment] = (current.round, state)
         self.emit(Event("round_committed", self.node_id,

@@ -103,9 +103,11 @@ def open_run(
             mailbox.put(keys.RUN, records.encode(record), if_absent=True)
             return Run(run_id, config, schema, schema_digest, plan, shas), True
         except PreconditionFailed:
-            mailbox.delete([keys.blob(sha) for sha in shas])  # another node created the run first
             existing = read_run(mailbox)
             assert existing is not None
+            if existing.run_id == run_id:  # our write landed; only its answer was lost
+                return existing, True
+            mailbox.delete([keys.blob(sha) for sha in shas])  # another node created the run first
     compare_schemas(schema, existing.schema)
     check_config(config, existing.config)
     return existing, False
