@@ -220,7 +220,7 @@ class Session:
         self._drain_alignments()
         self._owed.update(due_fragments(self._step, self.algorithm.sync_every, self._offsets))
         for fragment in sorted(self._owed):
-            if fragment in self._in_flight or len(self._in_flight) >= self.algorithm.max_in_flight:
+            if fragment in self._in_flight or len(self._in_flight) >= self.algorithm.in_flight:
                 continue
             self._owed.discard(fragment)
             if self._pending_steps[fragment] > 0:  # a commit may have replaced every step since the last sync

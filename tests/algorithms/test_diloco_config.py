@@ -7,7 +7,7 @@ import slowlink as sl
 
 def test_the_plain_configuration_is_standard_diloco_and_just_works():
     config = sl.DiLoCo(sync_every=100)
-    assert (config.fragments, config.max_in_flight, config.outer_lr, config.outer_momentum) == (
+    assert (config.fragments, config.in_flight, config.outer_lr, config.outer_momentum) == (
         1,
         1,
         0.7,

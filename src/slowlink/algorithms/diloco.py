@@ -22,7 +22,8 @@ class DiLoCo:
     """sync_every (H): local steps between two syncs of a fragment.
     fragments: how many parameter groups sync on staggered phases (Streaming DiLoCo); 1 syncs all at once.
     partition: Strided() deals transformer blocks round the fragments; BalancedBytes() packs by size.
-    in_flight: most of this node's contributions awaiting their commit at once (default: fragments).
+    in_flight: most of this node's contributions awaiting their commit at once; a fragment due beyond it
+        waits (its steps are kept) until one commits. Each costs one fragment of host memory.
     overlap_steps (τ): wait once a contribution made τ steps ago is not yet committed; 0 is DiLoCo's
         barrier; None never waits.
     mixing (α): aligning with a commit that holds this node's contribution sets θ ← α·θ + (1−α)·Θ
@@ -40,7 +41,7 @@ class DiLoCo:
     sync_every: int
     fragments: int = 1
     partition: Strided | BalancedBytes = field(default_factory=BalancedBytes)
-    in_flight: int | None = None
+    in_flight: int = 1
     overlap_steps: int | None = None
     mixing: float | None = None
     outer_lr: float = 0.7
@@ -92,10 +93,6 @@ class DiLoCo:
         if not hasattr(self.merge, "merge") or not hasattr(self.merge, "weight"):
             raise ConfigError(f"merge={self.merge!r} must be a merge rule such as sl.WeightedMean()")
 
-    @property
-    def max_in_flight(self) -> int:
-        return self.in_flight if self.in_flight is not None else self.fragments
-
     def plan(self, schema: Schema) -> list[list[str]]:
         return self.partition.plan(schema, self.fragments)
 
@@ -112,7 +109,7 @@ class DiLoCo:
             "sync_every": self.sync_every,
             "fragments": self.fragments,
             "partition": self.partition.to_dict(),
-            "in_flight": self.max_in_flight,
+            "in_flight": self.in_flight,
             "overlap_steps": self.overlap_steps,
             "mixing": self.mixing,
             "outer_lr": self.outer_lr,

@@ -35,14 +35,17 @@ def outer_nesterov(lr: float, momentum: float, *, nesterov: bool = True) -> Oute
     def update(
         delta: Arrays, state: OuterState, anchor: Arrays, *, use_momentum: bool = True
     ) -> tuple[Arrays, OuterState]:
+        """(θ, state') from Δ, the state and the anchor. The state is consumed: its buffers are updated in
+        place and returned, so a merger holds one momentum buffer, not two. Δ and the anchor are kept."""
         if not use_momentum:  # a flush-only round: apply Δ once and leave the buffer as it was
-            return {name: anchor[name] - lr * delta[name] for name in anchor}, state
-        buffers, params = {}, {}
+            return {name: anchor[name] - np.float32(lr) * delta[name] for name in anchor}, state
+        params = {}
         for name, step in delta.items():
-            buffer = momentum * state.momentum[name] + step
-            direction = step + momentum * buffer if nesterov else buffer
-            params[name] = (anchor[name] - lr * direction).astype(np.float32, copy=False)
-            buffers[name] = buffer.astype(np.float32, copy=False)
-        return params, OuterState(buffers)
+            buffer = state.momentum[name]
+            buffer *= np.float32(momentum)
+            buffer += step  # b ← μ·b + Δ
+            direction = step + np.float32(momentum) * buffer if nesterov else buffer
+            params[name] = anchor[name] - np.float32(lr) * direction
+        return params, state
 
     return OuterOptimizer(init, update)
