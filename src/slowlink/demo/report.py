@@ -7,6 +7,7 @@ Rendering only; the numbers come from run.py's DemoResult.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from rich.console import Console, Group
@@ -94,6 +95,12 @@ def _total(result: DemoResult, counter: str) -> int:
     return sum(stats.get(counter, 0) for stats in result.distributed.stats.values())
 
 
+def _data_parallel_bytes(result: DemoResult) -> int:
+    # What a gradient exchange every step would send: each node's fp32 gradient, once per step (a ring
+    # all-reduce sends 2(M-1)/M times that; a parameter server once).
+    return result.config.workers * result.config.steps * result.parameters * 4
+
+
 def summary_table(result: DemoResult) -> Table:
     """Metrics as rows, the two configurations as columns: narrow enough for any terminal."""
     config, dist, alone = result.config, result.distributed, result.alone
@@ -112,7 +119,9 @@ def summary_table(result: DemoResult) -> Table:
         ),
         ("samples", f"{dist.samples:,}", f"{alone.samples:,}"),
         ("wall time", f"{dist.wall_s:.1f} s", f"{alone.wall_s:.1f} s"),
+        ("share of a core per learner", f"{dist.core_share:.0%}", f"{alone.core_share:.0%}"),
         ("bytes sent", decimal(_total(result, "bytes_sent")), "0"),
+        ("bytes sent by data-parallel training", decimal(_data_parallel_bytes(result)), "0"),
         ("bytes received", decimal(_total(result, "bytes_received")), "0"),
         ("rounds committed", " / ".join(str(s.get("rounds_committed", 0)) for s in dist.stats.values()), "-"),
     ]
@@ -150,6 +159,12 @@ def print_report(console: Console, result: DemoResult, png: Path) -> None:
         f"{abs(gain):.3f} nats {'lower' if gain > 0 else 'higher'} than one process alone."
     )
     corpus = result.corpus
+    if dist.core_share < 0.85 and dist.core_share < result.alone.core_share - 0.1:
+        verdict += (
+            f"\n[yellow]Each learner got only {dist.core_share:.0%} of a core while {result.config.workers} "
+            f"ran together ({result.alone.core_share:.0%} alone): other programs were using this machine's "
+            f"{os.cpu_count()} cores, which favours the process alone at equal wall time.[/yellow]"
+        )
     console.print(
         Group(
             summary_table(result),
@@ -188,7 +203,12 @@ def plot_curves(result: DemoResult, path: Path) -> Path:
     by_time.plot(
         [dist.wall_s], [result.alone_loss_at_equal_wall], "x", ms=10, color="C1", label="alone, same time"
     )
-    by_samples.set_xlabel("samples (all nodes)")
+    # The untrained model's loss (about 5.5) would squash the part of the curves worth reading.
+    later = [loss for curve in (dist.curve, alone.curve) for loss in curve.loss[1:]]
+    if later:
+        low, high = min(later + [dist.final_loss]), max(later)
+        by_samples.set_ylim(low - 0.05 * (high - low), min(high, low + 1.5))
+    by_samples.set_xlabel("samples (sequences of 128 bytes, all nodes)")
     by_time.set_xlabel("wall time (s)")
     by_samples.set_ylabel("held-out loss (nats per byte)")
     by_time.legend()
