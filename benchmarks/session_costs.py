@@ -4,7 +4,7 @@
 
 step():   a 0.8M-parameter GPT, 20k calls of session.step() on steps that sync nothing, and the time of
           a sync step (the snapshot of the due fragment), against the targets of 50 µs and "snapshot only".
-memory:   two learner processes over a DirMailbox with a 10.5M-parameter MLP (fragments=4), against the
+memory:   two learner processes over a DirMailbox with a 10.3M-parameter MLP (fragments=8), against the
           same loop without slowlink: peak RSS of each, and the difference in multiples of the model.
 requests: the same run's requests per round and per node, by verb, for the merging node and the other.
 """
@@ -25,7 +25,7 @@ import slowlink as sl
 sys.path.insert(0, str(Path(__file__).parent))
 from _report import markdown_table, write_section  # noqa: E402
 
-WIDTH, LAYERS, BATCH = 1024, 10, 16
+WIDTH, LAYERS, BATCH = 800, 16, 16
 
 
 def mlp() -> torch.nn.Module:
@@ -60,12 +60,14 @@ def step_overhead() -> dict:
             if step % 8 == 0:
                 sync_timings.append(time.perf_counter_ns() - started)
         fragment_bytes = session.run.fragment_bytes(0)
-        sent = session.stats.contributions_sent
+    sent = session.stats.contributions_sent
     assert sent == len(sync_timings), (sent, len(sync_timings))  # every timed step did publish
-    snapshot_started = time.perf_counter_ns()
-    for _ in range(20):
+    snapshot_timings = []
+    for _ in range(50):
+        started = time.perf_counter_ns()
         session.adapter.snapshot(session.plan[0])  # the same tensors a sync step copies
-    snapshot_ns = (time.perf_counter_ns() - snapshot_started) / 20
+        snapshot_timings.append(time.perf_counter_ns() - started)
+    snapshot_ns = statistics.median(snapshot_timings)
     return {
         "median_us": quiet[len(quiet) // 2] / 1000,
         "p99_us": quiet[int(len(quiet) * 0.99)] / 1000,
@@ -94,9 +96,9 @@ def node_process(mode: str, mailbox: str, node: int, steps: int, out: str) -> No
         for _ in range(steps):
             train_step()
     else:
-        algorithm = sl.DiLoCo(sync_every=10, fragments=4, quorum_size=2)
+        algorithm = sl.DiLoCo(sync_every=40, fragments=8, quorum_size=2)
         with sl.Session(model, algorithm=algorithm, mailbox=sl.DirMailbox(mailbox), node_id=f"node-{node}",
-                        poll_seconds=0.25) as session:  # fmt: skip
+                        poll_seconds=0.1) as session:  # fmt: skip
             for _ in range(steps):
                 train_step()
                 session.step(samples=BATCH)
@@ -133,7 +135,7 @@ def two_nodes(mode: str, steps: int) -> list[dict]:
 def main() -> None:
     overhead = step_overhead()
     print(f"step(): median {overhead['median_us']:.1f} µs, p99 {overhead['p99_us']:.1f} µs")
-    steps = 80
+    steps = 160
     plain, session = two_nodes("plain", steps), two_nodes("session", steps)
     model_mb = plain[0]["model_bytes"] / 2**20
     memory_rows, request_rows = [], []
@@ -160,7 +162,7 @@ run on the communication thread.
 ### Extra host memory
 
 Two learner processes over a DirMailbox, a {plain[0]["model_bytes"] / 1e6 / 4:.1f}M-parameter MLP ({model_mb:.0f} MiB in fp32),
-AdamW, `DiLoCo(sync_every=10, fragments=4, quorum_size=2)`, {steps} steps each, against the same loop
+AdamW, `DiLoCo(sync_every=40, fragments=8, quorum_size=2)`, {steps} steps each, against the same loop
 without slowlink. Peak RSS in MiB (the plain loop already holds parameters, gradients and AdamW's two moments):
 
 {markdown_table(["node", "plain peak", "with slowlink", "extra", "extra / model"], memory_rows)}
@@ -169,9 +171,13 @@ Target: at most 3× the model (anchor, one in-flight delta, the merger's outer m
 
 ### Requests per round
 
-The same run, per node, divided by the commits it applied (each round is one fragment's commit). Polling
-is time-driven (`poll_seconds=0.25`), the rest per round; nothing here grows with the run's length:
-joining reads run.json, head.json and one commit and blob per fragment.
+The same run, per node, divided by the commits it applied (each round is one fragment's commit). Per
+round, a node writes its contribution (payload and record) and reads the commit (record and blob); the
+merger also reads each contribution, writes params, outer state, commit and head, and deletes the
+previous round's folder. Everything else is polling, which is per second rather than per round
+(`poll_seconds=0.1` here: a conditional GET of head.json and of leader.json per poll, plus, on the
+merger, one LIST of `rounds/`), so slow rounds show more requests each. Nothing grows with the run's
+length: joining reads run.json, head.json, and one commit and one blob per fragment.
 
 {markdown_table(["node", "rounds", "GET", "PUT", "LIST", "DELETE", "total"], request_rows)}
 """

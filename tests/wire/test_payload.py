@@ -118,5 +118,19 @@ def test_unpack_names_the_size_header_and_truncation_checks():
         payload.unpack(data, expect={"run": "r2"})
     with pytest.raises(PayloadError, match="truncated"):
         payload.unpack(data[:50])
-    with pytest.raises(PayloadError, match="cannot be read"):
+    with pytest.raises(PayloadError, match="points outside the payload"):
         payload.unpack(data[:-10])
+
+
+def test_payloads_are_standard_safetensors_files_and_equal_inputs_give_equal_bytes():
+    from safetensors.numpy import load
+
+    arrays = {"b": np.arange(5, dtype=np.float32), "a": np.ones((2, 3), np.float32)}
+    data = payload.pack(arrays, {"run": "r", "node": "n"}, encoding="F32")
+    entries = load(data)  # the reference reader agrees with ours
+    np.testing.assert_array_equal(entries["b"], arrays["b"])
+    assert data == payload.pack(
+        dict(reversed(list(arrays.items()))), {"node": "n", "run": "r"}, encoding="F32"
+    )
+    decoded, header = payload.unpack(data)
+    assert header["node"] == "n" and not decoded["a"].flags.writeable  # a view of the bytes, not a copy

@@ -38,6 +38,9 @@ def weighted_mean(contributions: Iterable[tuple[Arrays, float]]) -> Arrays:
         for name, values in delta.items():
             total[name] += np.float32(weight) * values
         weight_sum += weight
+        del delta  # let the contribution go before the next one is read
     if total is None or weight_sum <= 0:
         raise ValueError("weighted_mean needs at least one contribution with a positive weight")
-    return {name: values / np.float32(weight_sum) for name, values in total.items()}
+    for values in total.values():
+        values /= np.float32(weight_sum)
+    return total

@@ -4,6 +4,8 @@ Snapshots are host float32 copies; updates are computed on the parameter's own d
 Buffers (e.g. batch-norm statistics) are local to each node and never synchronized.
 """
 
+import warnings
+
 import numpy as np
 import torch
 
@@ -26,7 +28,10 @@ class TorchAdapter:
 
     def _on_device(self, name: str, values: np.ndarray) -> torch.Tensor:
         target = self.parameters[name]
-        return torch.from_numpy(np.ascontiguousarray(values)).to(target.device, target.dtype)
+        with warnings.catch_warnings():
+            # Decoded payloads are read-only views of the received bytes; the tensor is only ever read.
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(np.ascontiguousarray(values)).to(target.device, target.dtype)
 
     def assign(self, values: Arrays) -> None:
         with torch.no_grad():

@@ -141,27 +141,30 @@ class Merger:
         return min(30.0, 0.5 * spacing * step_seconds)
 
     def _contributions(self, fragment: int, current: OpenRound):
-        """Yield (Δ, weight) of each accepted contribution whose payload passes every check."""
+        """Yield (Δ, weight) of each accepted contribution whose payload passes every check, one at a time:
+        each Δ is a view of its payload's bytes, dropped before the next is read."""
         for node, record in sorted(current.accepted.items()):
             try:
-                found = self.mailbox.get(
-                    keys.contribution_payload(fragment, current.round, node, record["blob"])
-                )
-                if found is None or found.data is None:
-                    raise PayloadError("its payload is missing from the mailbox")
-                data = found.data
-                delta, _ = payload.unpack(
-                    data,
-                    expected_digest=record["blob"],
-                    expect=self.run.expect(kind="delta", fragment=fragment, round=current.round, node=node),
-                    max_bytes=self.run.max_payload_bytes(fragment),
-                )
-                if set(delta) != set(self.run.plan[fragment]):
-                    raise PayloadError(f"delta holds tensors {sorted(delta)}, not fragment {fragment}'s")
+                delta = self._load_contribution(fragment, current.round, node, record["blob"])
             except PayloadError as error:
                 self._reject(current, node, str(error))
                 continue
             yield delta, self.algorithm.merge.weight(record["samples"], record["steps"])
+            del delta
+
+    def _load_contribution(self, fragment: int, round_: int, node: str, sha: str) -> Arrays:
+        found = self.mailbox.get(keys.contribution_payload(fragment, round_, node, sha))
+        if found is None or found.data is None:
+            raise PayloadError("its payload is missing from the mailbox")
+        delta, _ = payload.unpack(
+            found.data,
+            expected_digest=sha,
+            expect=self.run.expect(kind="delta", fragment=fragment, round=round_, node=node),
+            max_bytes=self.run.max_payload_bytes(fragment),
+        )
+        if set(delta) != set(self.run.plan[fragment]):
+            raise PayloadError(f"delta holds tensors {sorted(delta)}, not fragment {fragment}'s")
+        return delta
 
     def _outer_state(self, fragment: int, version: int, anchor: Arrays) -> OuterState:
         held = self.outer_states.get(fragment)
@@ -171,9 +174,14 @@ class Merger:
         if record is None or record["outer_state"] is None:
             return self.outer.init(anchor)
         data = get_blob(self.mailbox, record["outer_state"])
-        momentum, _ = payload.unpack(data, expected_digest=record["outer_state"],
-                                     expect=self.run.expect(kind="outer", fragment=fragment, round=version))  # fmt: skip
-        return OuterState(momentum)
+        momentum, _ = payload.unpack(
+            data,
+            expected_digest=record["outer_state"],
+            expect=self.run.expect(kind="outer", fragment=fragment, round=version),
+            max_bytes=self.run.max_payload_bytes(fragment),
+        )
+        # Decoded arrays are read-only views of the payload; the outer step updates its buffers in place.
+        return OuterState({name: values.copy() for name, values in momentum.items()})
 
     def _commit(self, fragment: int, current: OpenRound, anchor: Arrays) -> Committed | None:
         version = current.round - 1
@@ -185,6 +193,7 @@ class Merger:
         accepted = dict(current.accepted)  # what the merge consumed, less the payloads it rejected
         flush_only = all(record["final"] for record in accepted.values())
         params, state = self.outer.update(delta, state, anchor, use_momentum=not flush_only)
+        del delta  # one fragment less held while the commit is written
         header = {
             "run": self.run.run_id,
             "schema": self.run.schema_digest,

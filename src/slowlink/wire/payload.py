@@ -10,8 +10,6 @@ import hashlib
 import json
 
 import numpy as np
-from safetensors.numpy import load as st_load
-from safetensors.numpy import save as st_save
 
 from ..errors import PayloadError
 from .compress import decompress, header_prefix, is_compressed
@@ -38,9 +36,68 @@ def pack(arrays: dict[str, np.ndarray], header: dict[str, object], *, encoding: 
         for suffix, stored in encoded.items():
             entries[name + suffix] = np.ascontiguousarray(stored)
     shapes = {name: list(values.shape) for name, values in arrays.items()}
-    metadata = {"format": FORMAT, "encoding": encoding, "shapes": json.dumps(shapes)}
+    metadata = {"format": FORMAT, "encoding": encoding, "shapes": json.dumps(shapes, sort_keys=True)}
     metadata.update({key: str(value) for key, value in header.items()})
-    return st_save(entries, metadata=metadata)
+    return _write(entries, metadata)
+
+
+_CODES = {np.dtype(code): name for name, code in {
+    "F32": "<f4", "F16": "<f2", "U8": "u1", "U16": "<u2", "I8": "i1", "I16": "<i2", "I32": "<i4", "U32": "<u4"}.items()}  # fmt: skip
+
+
+def _write(entries: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
+    """A safetensors file, written with one copy of each array and a header in sorted order.
+
+    safetensors' own writer copies every tensor twice (tobytes, then the output) and orders the metadata
+    at random, so equal payloads from two processes would differ; this one is deterministic.
+    """
+    table: dict[str, object] = {"__metadata__": dict(sorted(metadata.items()))}
+    offset = 0
+    for name in sorted(entries):
+        array = entries[name]
+        if array.dtype not in _CODES:
+            raise PayloadError(f"payload entry {name!r} has dtype {array.dtype}, which payloads do not store")
+        table[name] = {"dtype": _CODES[array.dtype], "shape": list(array.shape),
+                       "data_offsets": [offset, offset + array.nbytes]}  # fmt: skip
+        offset += array.nbytes
+    header = json.dumps(table, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # align the data to 8 bytes, as safetensors does
+    arrays = (memoryview(np.ascontiguousarray(entries[name])).cast("B") for name in sorted(entries))
+    return b"".join([len(header).to_bytes(8, "little"), header, *arrays])  # one copy of each array
+
+
+# safetensors dtype codes of the entries encodings store, as little-endian numpy dtypes.
+_DTYPES = {name: code.str for code, name in _CODES.items()}
+
+
+def _entry_views(data: bytes) -> dict[str, np.ndarray]:
+    """Read-only numpy views of a safetensors file's entries, without copying the bytes.
+
+    safetensors' own loader copies every tensor; a merger holding a contribution would then hold it
+    twice. The layout is simple and fully checked here: dtype, shape, and offsets within the buffer.
+    """
+    length = int.from_bytes(data[:8], "little")
+    table = json.loads(data[8 : 8 + length])
+    base, size = 8 + length, len(data) - 8 - length
+    views = {}
+    for name, entry in table.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict) or entry.get("dtype") not in _DTYPES:
+            raise PayloadError(f"payload entry {name!r} has an unsupported dtype {entry!r}")
+        dtype = np.dtype(_DTYPES[entry["dtype"]])
+        shape, (begin, end) = entry.get("shape"), entry.get("data_offsets", (None, None))
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise PayloadError(f"payload entry {name!r} has a bad shape {shape!r}")
+        count = int(np.prod(shape, dtype=np.int64))
+        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end <= size):
+            raise PayloadError(f"payload entry {name!r} points outside the payload ({begin}, {end})")
+        if end - begin != count * dtype.itemsize:
+            raise PayloadError(
+                f"payload entry {name!r} holds {end - begin} bytes, not {count} {dtype} values"
+            )
+        views[name] = np.frombuffer(data, dtype=dtype, count=count, offset=base + begin).reshape(shape)
+    return views
 
 
 def read_header(data: bytes) -> dict[str, str]:
@@ -89,9 +146,9 @@ def unpack(
             raise PayloadError(f"payload {field} is {header.get(field)!r}, expected {str(value)!r}")
     codec = get_encoding(header.get("encoding", ""))
     try:
-        entries = st_load(data)
+        entries = _entry_views(data)
         shapes = json.loads(header["shapes"])
-    except Exception as error:  # safetensors raises its own error types for malformed files
+    except (ValueError, TypeError, KeyError) as error:
         raise PayloadError(f"payload tensors cannot be read: {error}") from None
     arrays = {}
     for name, shape in shapes.items():
