@@ -32,6 +32,7 @@ class LiveView:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.live: Live | None = None
+        self.title, self.steps, self.rows = "", 0, {}
 
     def begin(self, title: str, nodes: list[str], steps: int) -> None:
         self.end()
@@ -119,7 +120,7 @@ def summary_table(result: DemoResult) -> Table:
         ),
         ("samples", f"{dist.samples:,}", f"{alone.samples:,}"),
         ("wall time", f"{dist.wall_s:.1f} s", f"{alone.wall_s:.1f} s"),
-        ("share of a core per learner", f"{dist.core_share:.0%}", f"{alone.core_share:.0%}"),
+        ("CPU busy per learner", f"{dist.core_share:.0%}", f"{alone.core_share:.0%}"),
         ("bytes sent", decimal(_total(result, "bytes_sent")), "0"),
         ("bytes sent by data-parallel training", decimal(_data_parallel_bytes(result)), "0"),
         ("bytes received", decimal(_total(result, "bytes_received")), "0"),
@@ -161,9 +162,10 @@ def print_report(console: Console, result: DemoResult, png: Path) -> None:
     corpus = result.corpus
     if dist.core_share < 0.85 and dist.core_share < result.alone.core_share - 0.1:
         verdict += (
-            f"\n[yellow]Each learner got only {dist.core_share:.0%} of a core while {result.config.workers} "
-            f"ran together ({result.alone.core_share:.0%} alone): other programs were using this machine's "
-            f"{os.cpu_count()} cores, which favours the process alone at equal wall time.[/yellow]"
+            f"\n[yellow]Each learner was busy only {dist.core_share:.0%} of the time while "
+            f"{result.config.workers} ran together ({result.alone.core_share:.0%} alone): other programs were "
+            f"using this machine's {os.cpu_count()} cores, or the learners waited on the mailbox; either "
+            "favours the process alone at equal wall time.[/yellow]"
         )
     console.print(
         Group(

@@ -21,6 +21,9 @@ from pathlib import Path
 
 from ..errors import ConfigError, SlowlinkError
 
+# Options that count something: each must be at least 1.
+_COUNTS = ("steps", "workers", "sync_every", "fragments", "batch_size", "eval_every", "eval_windows")
+
 
 @dataclass(frozen=True, kw_only=True)
 class DemoConfig:
@@ -39,15 +42,7 @@ class DemoConfig:
     eval_windows: int = 64
 
     def __post_init__(self) -> None:
-        for name in (
-            "steps",
-            "workers",
-            "sync_every",
-            "fragments",
-            "batch_size",
-            "eval_every",
-            "eval_windows",
-        ):
+        for name in _COUNTS:
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)} must be at least 1")
         if self.fragments > self.sync_every:
@@ -243,7 +238,7 @@ def run_phase(
         cpu_s=cpu,
         samples=samples,
         curve=_merge_curves(evals, began, config.batch_size),
-        stats=stats if mailbox is not None else {},
+        stats=dict(sorted(stats.items())) if mailbox is not None else {},
         events=events,
     )
 
