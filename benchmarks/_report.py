@@ -21,7 +21,11 @@ def write_section(name: str, title: str, body: str) -> None:
     text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else PREAMBLE
     section = f"<!-- {name}:start -->\n## {title}\n\nCommand: `{command_line()}`\n\n{body.strip()}\n<!-- {name}:end -->"
     pattern = re.compile(rf"<!-- {re.escape(name)}:start -->.*?<!-- {re.escape(name)}:end -->", re.S)
-    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"
+    text = (
+        pattern.sub(lambda _: section, text)
+        if pattern.search(text)
+        else text.rstrip() + "\n\n" + section + "\n"
+    )
     BENCHMARKS_MD.parent.mkdir(parents=True, exist_ok=True)
     BENCHMARKS_MD.write_text(text)
 

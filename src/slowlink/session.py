@@ -174,20 +174,28 @@ class Session:
         self._emit(Event("left", self.node_id, f"left after {self._step} steps", {"steps": self._step}))
 
     def _finish_rounds(self) -> None:
-        """Flush if asked, wait for rounds in flight, then align every fragment with its newest commit."""
-        if self.algorithm.flush_on_close:
-            for fragment in range(len(self.plan)):
-                if fragment not in self._in_flight and self._pending_steps[fragment] > 0:
-                    self._publish(fragment, final=True)
+        """Wait for rounds in flight (publishing every pending step first if flush_on_close), then align
+        every fragment with its newest commit."""
+        flush = self.algorithm.flush_on_close
         deadline = time.monotonic() + self.close_timeout
-        while self._in_flight and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            if flush:  # steps carried over by a commit that arrived meanwhile are published on the next pass
+                for fragment in range(len(self.plan)):
+                    if fragment not in self._in_flight and self._pending_steps[fragment] > 0:
+                        self._publish(fragment, final=True)
+            if not self._in_flight:
+                break
             self._wait_for_alignment(timeout=min(0.5, max(0.01, deadline - time.monotonic())))
         self._drain_alignments()
         dropped = sum(self._pending_steps) + sum(flight.steps for flight in self._in_flight.values())
         if dropped:
+            why = (
+                f"were not committed within close_timeout={self.close_timeout}s"
+                if flush
+                else "were not merged (set flush_on_close=True to publish them)"
+            )
             self._emit(Event("steps_dropped", self.node_id,
-                             f"{dropped} fragment-steps trained since the last sync were not merged "
-                             "(set flush_on_close=True to publish them)", {"steps": dropped}))  # fmt: skip
+                             f"{dropped} fragment-steps trained since the last sync {why}", {"steps": dropped}))  # fmt: skip
         self.adapter.assign(
             {name: values for _, params in self._anchors.values() for name, values in params.items()}
         )

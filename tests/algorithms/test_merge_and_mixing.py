@@ -34,13 +34,13 @@ def test_blend_keeps_the_mixing_share_of_the_local_parameters():
 
 def test_carry_moves_the_local_parameters_by_the_commits_change():
     # local 5 trained from anchor 3; the commit moves 3 → 1: adding −2 gives 3, keeping its +2.
-    assert carry_change({"w": np.array([3.0])}, {"w": np.array([1.0])})["w"][0] == pytest.approx(-2.0)
+    assert dict(carry_change({"w": np.array([3.0])}, {"w": np.array([1.0])}))["w"][0] == pytest.approx(-2.0)
 
 
 def test_carry_overlap_keeps_only_the_steps_after_the_snapshot():
     # anchor 0, snapshot −2 (Δ = 2), now −3; the commit is −2.5. θ ← −3 + (−2.5 − (−2)) = −3.5:
     # the commit plus the one step (−1) trained after the snapshot.
-    change = carry_overlap_change({"w": np.array([0.0])}, {"w": np.array([-2.5])}, {"w": np.array([2.0])})
+    change = dict(carry_overlap_change({"w": np.array([0.0])}, {"w": np.array([-2.5])}, {"w": np.array([2.0])}))
     assert -3.0 + change["w"][0] == pytest.approx(-3.5)
 
 

@@ -106,3 +106,18 @@ def test_steps_trained_after_the_last_sync_are_counted_as_dropped_or_published_w
         evaluator = tiny_mlp(seed=9)
         sl.align(evaluator, mailbox=mailbox)
         assert all(torch.equal(a, b) for a, b in zip(model.parameters(), evaluator.parameters(), strict=True))
+
+
+def test_flush_on_close_also_publishes_steps_trained_while_the_last_round_was_in_flight():
+    mailbox, events = sl.MemoryMailbox(), []
+    model = tiny_mlp()
+    algorithm = sl.DiLoCo(sync_every=4, flush_on_close=True)  # no barrier: round 1 may be in flight at close
+    with sl.Session(model, algorithm=algorithm, mailbox=mailbox, node_id="n", poll_seconds=0.005,
+                    on_event=events.append) as session:  # fmt: skip
+        for batch in batches(0, 5):
+            sgd_step(model, batch, 0.1)
+            session.step(samples=4)
+    assert session.stats.steps_unmerged == 0
+    final = read_commit(mailbox, 0, 2)
+    assert final["flush_only"] and [c["steps"] for c in final["contributors"]] == [1]
+    assert not [e for e in events if e.kind == "steps_dropped"]

@@ -7,8 +7,11 @@ carry, the default for such a commit: keep the steps trained since the snapshot 
 carry, for a commit without this node's contribution (late, rejected, or none sent):
     θ ← θ + (Θ_new − Θ_old)
 Carrying keeps every local step not yet merged; the next Δ, taken against Θ_new, holds them.
-The `*_change` functions return the change to add to θ, so adapters apply it in place on the device.
+The `*_change` functions yield the change to add to θ one tensor at a time, so an adapter applies it in
+place and no fragment-sized temporary exists.
 """
+
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -19,12 +22,18 @@ def blend(local: Arrays, committed: Arrays, mixing: float) -> Arrays:
     return {name: mixing * local[name] + (1.0 - mixing) * committed[name] for name in committed}
 
 
-def carry_change(old_anchor: Arrays, new_anchor: Arrays) -> Arrays:
-    return {name: new_anchor[name] - old_anchor[name] for name in new_anchor}
+def carry_change(old_anchor: Arrays, new_anchor: Arrays) -> Iterator[tuple[str, np.ndarray]]:
+    for name in new_anchor:
+        yield name, new_anchor[name] - old_anchor[name]
 
 
-def carry_overlap_change(old_anchor: Arrays, new_anchor: Arrays, delta: Arrays) -> Arrays:
-    return {name: new_anchor[name] - old_anchor[name] + delta[name] for name in new_anchor}
+def carry_overlap_change(
+    old_anchor: Arrays, new_anchor: Arrays, delta: Arrays
+) -> Iterator[tuple[str, np.ndarray]]:
+    for name in new_anchor:
+        change = new_anchor[name] - old_anchor[name]
+        change += delta[name]
+        yield name, change
 
 
 def pseudo_gradient(anchor: Arrays, local: Arrays) -> Arrays:

@@ -35,17 +35,20 @@ def outer_nesterov(lr: float, momentum: float, *, nesterov: bool = True) -> Oute
     def update(
         delta: Arrays, state: OuterState, anchor: Arrays, *, use_momentum: bool = True
     ) -> tuple[Arrays, OuterState]:
-        """(θ, state') from Δ, the state and the anchor. The state is consumed: its buffers are updated in
-        place and returned, so a merger holds one momentum buffer, not two. Δ and the anchor are kept."""
-        if not use_momentum:  # a flush-only round: apply Δ once and leave the buffer as it was
-            return {name: anchor[name] - np.float32(lr) * delta[name] for name in anchor}, state
-        params = {}
+        """(θ, state') from Δ, the state and the anchor. Δ and the state are consumed: θ is computed in Δ's
+        buffers and the momentum updated in place, so a merger holds one fragment for Δ and θ together and
+        one momentum buffer. The anchor is only read."""
         for name, step in delta.items():
-            buffer = state.momentum[name]
-            buffer *= np.float32(momentum)
-            buffer += step  # b ← μ·b + Δ
-            direction = step + np.float32(momentum) * buffer if nesterov else buffer
-            params[name] = anchor[name] - np.float32(lr) * direction
-        return params, state
+            if use_momentum:  # a flush-only round applies Δ once and leaves the buffer as it was
+                buffer = state.momentum[name]
+                buffer *= np.float32(momentum)
+                buffer += step  # b ← μ·b + Δ
+                if nesterov:
+                    step += np.float32(momentum) * buffer  # Δ + μ·b
+                else:
+                    step[...] = buffer
+            step *= np.float32(-lr)
+            step += anchor[name]  # θ = θ_anchor − η·(direction)
+        return delta, state
 
     return OuterOptimizer(init, update)

@@ -6,6 +6,7 @@ arrays, and writes host arrays back in place, so optimizer state keyed on the pa
 
 import hashlib
 import json
+from collections.abc import Iterable
 from typing import Protocol
 
 import numpy as np
@@ -31,8 +32,8 @@ class Adapter(Protocol):
         """θ ← mixing·θ + (1 − mixing)·values, in place."""
         ...
 
-    def shift(self, change: Arrays) -> None:
-        """θ ← θ + change, in place."""
+    def shift(self, change: Arrays | Iterable[tuple[str, np.ndarray]]) -> None:
+        """θ ← θ + change, in place; a lazy sequence of (name, array) is applied one tensor at a time."""
         ...
 
 

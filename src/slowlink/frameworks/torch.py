@@ -5,6 +5,7 @@ Buffers (e.g. batch-norm statistics) are local to each node and never synchroniz
 """
 
 import warnings
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -43,7 +44,8 @@ class TorchAdapter:
             for name, array in values.items():
                 self.parameters[name].lerp_(self._on_device(name, array), 1.0 - mixing)
 
-    def shift(self, change: Arrays) -> None:
+    def shift(self, change: Arrays | Iterable[tuple[str, np.ndarray]]) -> None:
+        """θ ← θ + change; `change` may be a lazy sequence of (name, array), applied one tensor at a time."""
         with torch.no_grad():
-            for name, array in change.items():
+            for name, array in change.items() if isinstance(change, dict) else change:
                 self.parameters[name].add_(self._on_device(name, array))
