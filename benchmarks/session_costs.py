@@ -96,7 +96,7 @@ def node_process(mode: str, mailbox: str, node: int, steps: int, out: str) -> No
         for _ in range(steps):
             train_step()
     else:
-        algorithm = sl.DiLoCo(sync_every=40, fragments=8, quorum_size=2)
+        algorithm = sl.DiLoCo(sync_every=40, fragments=8, in_flight=1)
         with sl.Session(model, algorithm=algorithm, mailbox=sl.DirMailbox(mailbox), node_id=f"node-{node}",
                         poll_seconds=0.1) as session:  # fmt: skip
             for _ in range(steps):
@@ -162,7 +162,7 @@ run on the communication thread.
 ### Extra host memory
 
 Two learner processes over a DirMailbox, a {plain[0]["model_bytes"] / 1e6 / 4:.1f}M-parameter MLP ({model_mb:.0f} MiB in fp32),
-AdamW, `DiLoCo(sync_every=40, fragments=8, quorum_size=2)`, {steps} steps each, against the same loop
+AdamW, `DiLoCo(sync_every=40, fragments=8, in_flight=1)`, {steps} steps each, against the same loop
 without slowlink. Peak RSS in MiB (the plain loop already holds parameters, gradients and AdamW's two moments):
 
 {markdown_table(["node", "plain peak", "with slowlink", "extra", "extra / model"], memory_rows)}

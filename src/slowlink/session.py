@@ -142,6 +142,14 @@ class Session:
         fragments = len(self.plan)
         self._offsets = self.algorithm.offsets(fragments)
         self._step = self._samples = 0
+        # A joiner takes the run's phase: the step at which the newest commit was due (fragment q's k-th sync
+        # is at step offset_q + k·H). Its fragments then fall due when everyone else's do, so a round that
+        # waits for every node, or a barrier, closes. A new run starts at step 0.
+        versions = [latest[q][0] for q in range(fragments)]
+        self._phase = max(
+            [offset + version * self.algorithm.sync_every for offset, version in zip(self._offsets, versions, strict=True) if version],
+            default=0,
+        )  # fmt: skip
         self._pending_steps = [0] * fragments
         self._pending_samples = [0] * fragments
         self._in_flight: dict[int, _InFlight] = {}
@@ -226,9 +234,9 @@ class Session:
             self._pending_steps[fragment] += 1
             self._pending_samples[fragment] += samples
         self._drain_alignments()
-        self._owed.update(due_fragments(self._step, self.algorithm.sync_every, self._offsets))
+        self._owed.update(due_fragments(self._phase + self._step, self.algorithm.sync_every, self._offsets))
         for fragment in sorted(self._owed):
-            if fragment in self._in_flight or len(self._in_flight) >= self.algorithm.in_flight:
+            if fragment in self._in_flight or len(self._in_flight) >= self.algorithm.max_in_flight:
                 continue
             self._owed.discard(fragment)
             if self._pending_steps[fragment] > 0:  # a commit may have replaced every step since the last sync
@@ -237,7 +245,7 @@ class Session:
         self._wait_for_overlap()
 
     def _count_deferred(self) -> None:
-        for fragment in due_fragments(self._step, self.algorithm.sync_every, self._offsets):
+        for fragment in due_fragments(self._phase + self._step, self.algorithm.sync_every, self._offsets):
             if fragment in self._owed:
                 self._emit(Event("sync_deferred", self.node_id,
                                  f"fragment {fragment} is due but its previous contribution is still in flight; "

@@ -7,7 +7,7 @@ import slowlink as sl
 
 def test_the_plain_configuration_is_standard_diloco_and_just_works():
     config = sl.DiLoCo(sync_every=100)
-    assert (config.fragments, config.in_flight, config.outer_lr, config.outer_momentum) == (
+    assert (config.fragments, config.max_in_flight, config.outer_lr, config.outer_momentum) == (
         1,
         1,
         0.7,
@@ -18,7 +18,7 @@ def test_the_plain_configuration_is_standard_diloco_and_just_works():
 
 def test_gradientmails_option_names_are_accepted():
     config = sl.DiLoCo(
-        sync_every=100, fragments=8, in_flight=2, overlap_steps=1, mixing=0.5, merge=sl.WeightedMean(),
+        sync_every=100, fragments=8, in_flight=8, overlap_steps=1, mixing=0.5, merge=sl.WeightedMean(),
         quorum_size=2, partition=sl.Strided(), global_batch_size=256, delta_dtype="F4", commit_dtype="BF16",
         flush_on_close=True,
     )  # fmt: skip
@@ -38,6 +38,7 @@ def test_gradientmails_option_names_are_accepted():
         ({"sync_every": 10, "quorum_size": 0}, "quorum_size", ">= 1"),
         ({"sync_every": 10, "delta_dtype": "F3"}, "delta_dtype", "F4"),
         ({"sync_every": 2.5}, "sync_every", "integer"),
+        ({"sync_every": 10, "fragments": 2, "in_flight": 1, "quorum_size": 2}, "in_flight=1", "deadlock"),
     ],
 )
 def test_an_invalid_option_is_refused_with_its_name_and_valid_range(options, named, valid):

@@ -13,9 +13,8 @@ import torch
 import slowlink as sl
 from slowlink.demo.corpus import TrainWindows, heldout_windows, load_corpus
 from slowlink.demo.model import build_model, evaluate, make_optimizer, train_step
-from slowlink.protocol.run import newest_params, read_run
 
-from .worker_process import digest, learning_rate
+from .worker_process import learning_rate
 
 WORKER = Path(__file__).with_name("worker_process.py")
 BATCH = 1
@@ -44,27 +43,13 @@ def single_process_loss(seconds: float) -> float:
     return evaluate(model, heldout_windows(load_corpus()))
 
 
-def committed_digest(mailbox: Path, versions: list[int]) -> str:
-    """The digest worker_process computes, of the committed parameters at these versions."""
-    box = sl.DirMailbox(mailbox)
-    run_ = read_run(box)
-    arrays = {}
-    for fragment, version in enumerate(versions):
-        arrays.update(newest_params(box, run_, fragment, version)[1])
-    model = build_model("tiny", seed=0)
-    return digest(model, arrays)
-
-
 def run(tmp_path: Path, nodes: int, steps: int, *, late: int | None = None) -> tuple[list[dict], float]:
     mailbox = tmp_path / "run"
-    # Plain averaging of the outer step pays within a few hundred steps; Nesterov needs longer runs.
-    algorithm = {
-        "sync_every": 20,
-        "fragments": 2,
-        "quorum_size": nodes,
-        "outer_lr": 1.0,
-        "outer_momentum": 0.0,
-    }
+    # Standard DiLoCo (a barrier each round, every node in it) over two fragments. Plain averaging as the
+    # outer step pays within a few hundred steps; Nesterov needs longer runs. Steps here take ~6 ms, so a
+    # round's latency spans many steps: without the barrier, the carried overlap would dominate.
+    algorithm = {"sync_every": 20, "fragments": 2, "quorum_size": nodes, "overlap_steps": 0,
+                 "outer_lr": 1.0, "outer_momentum": 0.0}  # fmt: skip
     started = time.perf_counter()
     procs = [launch(mailbox, i, steps, algorithm, tmp_path / f"{i}.json") for i in range(nodes) if i != late]
     if late is not None:
@@ -93,8 +78,11 @@ def test_processes_over_a_directory_learn_pay_against_one_process_and_agree(tmp_
     assert loss < alone, (loss, alone)
     # Every node left aligned with a commit of the one shared history: its parameters are that commit's,
     # bit for bit, and the last node to leave holds the newest.
+    assert all(r["final_is_committed"] for r in results)
+    by_versions = {}
     for r in results:
-        assert r["final_digest"] == committed_digest(tmp_path / "run", r["final_versions"])
+        by_versions.setdefault(tuple(r["final_versions"]), set()).add(r["final_digest"])
+    assert all(len(digests) == 1 for digests in by_versions.values())  # same commit, same bits
     assert max(tuple(r["final_versions"]) for r in results) == tuple(versions.values())
     assert sum(r["stats"]["rounds_merged"] for r in results) == sum(versions.values())
     for r in results:
@@ -106,4 +94,4 @@ def test_a_late_joiner_starts_from_the_committed_model(tmp_path):
     late = results[2]
     assert sum(late["joined_versions"]) >= 2
     assert late["joined_model_is_committed"]
-    assert all(v == [0, 0] for v in (r["joined_versions"] for r in results[:2]))
+    assert all(r["joined_model_is_committed"] for r in results)  # whoever joins starts from the commit

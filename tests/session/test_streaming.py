@@ -135,3 +135,32 @@ def test_torch_adapter_blend_and_shift_edit_parameters_in_place():
     adapter.shift({"weight": np.array([[2.0]], np.float32)})
     adapter.blend({"weight": np.array([[0.0]], np.float32)}, 0.25)
     assert model.weight is weight and model.weight.item() == pytest.approx(0.5)
+
+
+def test_a_joiner_takes_the_runs_phase_so_its_fragments_fall_due_with_everyone_elses():
+    # H = 4, two fragments (offsets 0 and 2). "first" trains 5 steps: fragment 0 commits at step 4.
+    # A joiner at versions (1, 0) takes phase 4: its next due fragment is 1, at run step 6 = its step 2.
+    mailbox, events = sl.MemoryMailbox(), []
+    algorithm = sl.DiLoCo(sync_every=4, fragments=2, partition=sl.Strided(), overlap_steps=0)
+    first = Blocks()
+    with sl.Session(first, algorithm=algorithm, mailbox=mailbox, node_id="first", poll_seconds=0.005) as a:
+        constant_descent_blocks(first, a, 5)
+    joiner = Blocks()
+    with sl.Session(joiner, algorithm=algorithm, mailbox=mailbox, node_id="joiner", poll_seconds=0.005,
+                    on_event=events.append) as b:  # fmt: skip
+        assert b.stats.versions == (1, 0)
+        constant_descent_blocks(joiner, b, 6)
+    sent = [(e.data["fragment"], e.data["step"]) for e in events if e.kind == "contribution_sent"]
+    assert sent == [(1, 2), (0, 4), (1, 6)]
+
+
+def constant_descent_blocks(model, session, steps):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(steps):
+        x = torch.randn(2, 6, generator=generator)
+        loss = (model(x) - x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        session.step(samples=2)

@@ -52,7 +52,12 @@ def main(args: dict, out_path: str) -> None:
             session.step(samples=args["batch"])
         trained_seconds = time.process_time() - started  # CPU time: robust to a loaded machine
     stats = session.stats
+    # Read back, from the store, the commits this node says it ended on (at once, before they are collected).
+    committed = {}
+    for fragment, version in enumerate(stats.versions):
+        committed.update(newest_params(mailbox, session.run, fragment, version)[1])
     result = {
+        "final_is_committed": digest(model) == digest(model, committed),
         "joined_versions": joined,
         "joined_model_is_committed": joined_model == committed_at_join,
         "final_versions": list(stats.versions),

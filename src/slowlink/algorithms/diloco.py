@@ -22,8 +22,9 @@ class DiLoCo:
     """sync_every (H): local steps between two syncs of a fragment.
     fragments: how many parameter groups sync on staggered phases (Streaming DiLoCo); 1 syncs all at once.
     partition: Strided() deals transformer blocks round the fragments; BalancedBytes() packs by size.
-    in_flight: most of this node's contributions awaiting their commit at once; a fragment due beyond it
-        waits (its steps are kept) until one commits. Each costs one fragment of host memory.
+    in_flight: most of this node's contributions awaiting their commit at once (default: one per
+        fragment); a fragment due beyond it waits, its steps kept, until one commits. Each costs one
+        fragment of host memory. Below `fragments` it needs quorum_size=1 (see __post_init__).
     overlap_steps (τ): wait once a contribution made τ steps ago is not yet committed; 0 is DiLoCo's
         barrier; None never waits.
     mixing (α): aligning with a commit that holds this node's contribution sets θ ← α·θ + (1−α)·Θ
@@ -41,7 +42,7 @@ class DiLoCo:
     sync_every: int
     fragments: int = 1
     partition: Strided | BalancedBytes = field(default_factory=BalancedBytes)
-    in_flight: int = 1
+    in_flight: int | None = None
     overlap_steps: int | None = None
     mixing: float | None = None
     outer_lr: float = 0.7
@@ -77,6 +78,13 @@ class DiLoCo:
             "outer_momentum", self.outer_momentum, 0.0, 1.0, upper_open=True, hint="DiLoCo uses 0.9"
         )
         _require_int("quorum_size", self.quorum_size, 1, None, "1 merges as soon as one node contributes")
+        if self.quorum_size > 1 and self.max_in_flight < self.fragments:
+            # Two nodes out of phase could each hold the only slot the other's round waits for, forever.
+            raise ConfigError(
+                f"in_flight={self.in_flight} with quorum_size={self.quorum_size} and fragments={self.fragments} can "
+                "deadlock: a round waiting for several nodes needs every fragment free to publish; "
+                f"use in_flight={self.fragments} (the default) or quorum_size=1"
+            )
         if self.grace_seconds is not None:
             _require_float("grace_seconds", self.grace_seconds, 0.0, 3600.0, hint="None adapts to step times")
         if self.global_batch_size is not None:
@@ -92,6 +100,10 @@ class DiLoCo:
             raise ConfigError(f"partition={self.partition!r} must be sl.Strided() or sl.BalancedBytes()")
         if not hasattr(self.merge, "merge") or not hasattr(self.merge, "weight"):
             raise ConfigError(f"merge={self.merge!r} must be a merge rule such as sl.WeightedMean()")
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.in_flight if self.in_flight is not None else self.fragments
 
     def plan(self, schema: Schema) -> list[list[str]]:
         return self.partition.plan(schema, self.fragments)
@@ -109,7 +121,7 @@ class DiLoCo:
             "sync_every": self.sync_every,
             "fragments": self.fragments,
             "partition": self.partition.to_dict(),
-            "in_flight": self.in_flight,
+            "in_flight": self.max_in_flight,
             "overlap_steps": self.overlap_steps,
             "mixing": self.mixing,
             "outer_lr": self.outer_lr,
