@@ -48,6 +48,7 @@ class SessionStats:
     contributions_late: int  # missed their round; their steps were carried into the next contribution
     contributions_rejected: int  # rejected by this node as the leader, with reasons in the commit records
     syncs_deferred: int  # due while the in-flight limit was reached; published later, nothing lost
+    syncs_skipped: int  # due for a round already committed (a node joining mid-round); steps carried
     steps_replaced: int  # overlap steps replaced by a commit (mixing keeps a share of them)
     steps_unmerged: int  # steps trained but never merged: dropped when the node left
     bytes_sent: int
@@ -234,7 +235,7 @@ class Session:
             self._pending_steps[fragment] += 1
             self._pending_samples[fragment] += samples
         self._drain_alignments()
-        self._owed.update(due_fragments(self._phase + self._step, self.algorithm.sync_every, self._offsets))
+        self._owed.update(self._due_now())
         for fragment in sorted(self._owed):
             if fragment in self._in_flight or len(self._in_flight) >= self.algorithm.max_in_flight:
                 continue
@@ -243,6 +244,25 @@ class Session:
                 self._publish(fragment, final=False)
         self._count_deferred()
         self._wait_for_overlap()
+
+    def _due_now(self) -> list[int]:
+        """The fragments due at this step. Where nodes wait for rounds (overlap_steps set), a sync whose
+        round, by the schedule, is already committed is skipped and its steps go into the next one: a node
+        that joined mid-round would otherwise be a round ahead of the others, each waiting on the other."""
+        step = self._phase + self._step
+        due = due_fragments(step, self.algorithm.sync_every, self._offsets)
+        if self.algorithm.overlap_steps is None:
+            return due  # decoupled: contribute to the next open round, whichever it is
+        fresh = []
+        for fragment in due:
+            round_ = (step - self._offsets[fragment]) // self.algorithm.sync_every
+            if self._anchors[fragment][0] >= round_:
+                self._emit(Event("sync_skipped", self.node_id,
+                                 f"fragment {fragment} round {round_} is already committed; its steps go into "
+                                 "the next sync", {"fragment": fragment, "round": round_}))  # fmt: skip
+            else:
+                fresh.append(fragment)
+        return fresh
 
     def _count_deferred(self) -> None:
         for fragment in due_fragments(self._phase + self._step, self.algorithm.sync_every, self._offsets):
@@ -363,6 +383,7 @@ class Session:
             contributions_late=counts["contribution_late"],
             contributions_rejected=counts["contribution_rejected"],
             syncs_deferred=counts["sync_deferred"],
+            syncs_skipped=counts["sync_skipped"],
             steps_replaced=counts["steps_replaced:steps"],
             steps_unmerged=counts["steps_dropped:steps"],
             bytes_sent=self.mailbox.bytes_sent,

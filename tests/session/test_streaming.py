@@ -164,3 +164,27 @@ def constant_descent_blocks(model, session, steps):
         loss.backward()
         optimizer.step()
         session.step(samples=2)
+
+
+def test_with_a_barrier_a_sync_whose_round_is_already_committed_is_skipped_and_its_steps_kept():
+    # H = 4, offsets 0 and 2, τ = 0. "first" commits fragment 0 round 1 at step 4, then "joiner" joins at
+    # (1, 0) with phase 4, and "first" commits fragment 1 round 1 at step 6 alone. The joiner's fragment 1
+    # falls due at run step 6, for round 1, already committed: it skips it and syncs fragment 0 round 2.
+    mailbox, events = sl.MemoryMailbox(), []
+    algorithm = sl.DiLoCo(
+        sync_every=4, fragments=2, partition=sl.Strided(), overlap_steps=0, grace_seconds=0.0
+    )
+    first, joiner = Blocks(), Blocks()
+    with sl.Session(first, algorithm=algorithm, mailbox=mailbox, node_id="first", poll_seconds=0.005) as a:
+        constant_descent_blocks(first, a, 4)
+        with sl.Session(joiner, algorithm=algorithm, mailbox=mailbox, node_id="joiner", poll_seconds=0.005,
+                        on_event=events.append) as b:  # fmt: skip
+            assert b.stats.versions == (1, 0)
+            constant_descent_blocks(first, a, 2)  # fragment 1 round 1, from "first" alone
+            _wait_until(lambda: b.courier.latest[1][0] == 1)
+            constant_descent_blocks(joiner, b, 4)
+            assert b.stats.syncs_skipped == 1
+    skipped = [e.data for e in events if e.kind == "sync_skipped"]
+    assert skipped == [{"fragment": 1, "round": 1}]
+    sent = [(e.data["fragment"], e.data["round"]) for e in events if e.kind == "contribution_sent"]
+    assert sent[0] == (0, 2)

@@ -3,6 +3,8 @@ DirMailbox and writes what it saw as JSON. Run as a script: python worker_proces
 
 import hashlib
 import json
+import logging
+import os
 import sys
 import time
 
@@ -28,6 +30,8 @@ def learning_rate(step: int) -> float:
 
 
 def main(args: dict, out_path: str) -> None:
+    if os.environ.get("SLOWLINK_DEBUG_LOG"):
+        logging.basicConfig(level=logging.INFO, format="%(relativeCreated)d %(threadName)s %(message)s")
     torch.set_num_threads(1)
     torch.manual_seed(args["node"])
     model = build_model("tiny", seed=0)
