@@ -43,7 +43,9 @@ def main() -> None:
             rows.append([repeat + 1, label, f"{result.wall_s:.1f}", f"{result.core_share:.2f}", rounds])
             print(rows[-1], flush=True)
     plain, linked = (statistics.median(walls[label]) for label in walls)
-    summary = [["median wall time, s", f"{plain:.1f}", f"{linked:.1f}", f"{100 * (linked / plain - 1):+.1f}%"]]
+    summary = [
+        ["median wall time, s", f"{plain:.1f}", f"{linked:.1f}", f"{100 * (linked / plain - 1):+.1f}%"]
+    ]
     body = f"""The demo's two learner processes, {args.steps} steps each (small GPT, batch 8), with and without a
 slowlink Session (`sync_every=25, fragments=2, quorum_size=2, flush_on_close=True`, DirMailbox). Wall time
 runs from the moment both learners are ready to the last one's end, leaving the Session included.

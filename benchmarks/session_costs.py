@@ -10,6 +10,7 @@ requests: the same run's requests per round and per node, by verb, for the mergi
 """
 
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -110,21 +111,13 @@ def node_process(mode: str, mailbox: str, node: int, steps: int, out: str) -> No
     Path(out).write_text(json.dumps(result))
 
 
-def two_nodes(mode: str, steps: int) -> list[dict]:
+def two_nodes(mode: str, steps: int, env: dict | None = None) -> list[dict]:
     folder = Path(tempfile.mkdtemp())
+    command = [sys.executable, __file__, "--node", mode, str(folder / "run")]
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                "--node",
-                mode,
-                str(folder / "run"),
-                str(i),
-                str(steps),
-                str(folder / f"{i}.json"),
-            ]
-        )  # fmt: skip
+            command + [str(i), str(steps), str(folder / f"{i}.json")], env=os.environ | (env or {})
+        )
         for i in range(2)
     ]
     for proc in procs:
@@ -136,14 +129,28 @@ def main() -> None:
     overhead = step_overhead()
     print(f"step(): median {overhead['median_us']:.1f} µs, p99 {overhead['p99_us']:.1f} µs")
     steps = 160
-    plain, session = two_nodes("plain", steps), two_nodes("session", steps)
+    # glibc keeps freed blocks of a size it has once unmapped, so RSS also shows allocator retention; with
+    # a fixed mmap threshold every large buffer goes back to the system when freed: the working set.
+    mapped = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+    runs = {
+        "glibc defaults": (two_nodes("plain", steps), two_nodes("session", steps)),
+        "MALLOC_MMAP_THRESHOLD_=1MiB": (
+            two_nodes("plain", steps, mapped),
+            two_nodes("session", steps, mapped),
+        ),
+    }
+    plain, session = runs["glibc defaults"]
     model_mb = plain[0]["model_bytes"] / 2**20
     memory_rows, request_rows = [], []
+    for allocator, (plain_run, session_run) in runs.items():
+        for node in range(2):
+            extra = (session_run[node]["peak_rss_bytes"] - plain_run[node]["peak_rss_bytes"]) / 2**20
+            role = "merger" if session_run[node]["merged"] else "learner"
+            memory_rows.append([allocator, f"node-{node} ({role})", f"{plain_run[node]['peak_rss_bytes'] / 2**20:.0f}",
+                                f"{session_run[node]['peak_rss_bytes'] / 2**20:.0f}", f"{extra:.0f}",
+                                f"{extra / model_mb:.2f}×"])  # fmt: skip
     for node in range(2):
-        extra = (session[node]["peak_rss_bytes"] - plain[node]["peak_rss_bytes"]) / 2**20
         role = "merger" if session[node]["merged"] else "learner"
-        memory_rows.append([f"node-{node} ({role})", f"{plain[node]['peak_rss_bytes'] / 2**20:.0f}",
-                            f"{session[node]['peak_rss_bytes'] / 2**20:.0f}", f"{extra:.0f}", f"{extra / model_mb:.2f}×"])  # fmt: skip
         rounds = max(1, session[node]["rounds"])
         requests = session[node]["requests"]
         request_rows.append([f"node-{node} ({role})", rounds] + [f"{requests.get(verb, 0) / rounds:.1f}"
@@ -157,7 +164,8 @@ A 0.8M-parameter GPT (`slowlink.demo` "small"), 20,000 calls on steps that sync 
 On a sync step the training thread only snapshots the due fragment (here the whole model, `fragments=1`,
 {overhead["fragment_kb"]:.0f} KiB): median step() on sync steps {overhead["sync_median_us"]:.0f} µs, where a bare
 snapshot of the same tensors takes {overhead["snapshot_us"]:.0f} µs. Encoding, upload, download and merging
-run on the communication thread.
+run on the communication thread; the difference between the two is that thread, woken by the
+snapshot, taking Python's interpreter lock while it starts encoding.
 
 ### Extra host memory
 
@@ -165,7 +173,7 @@ Two learner processes over a DirMailbox, a {plain[0]["model_bytes"] / 1e6 / 4:.1
 AdamW, `DiLoCo(sync_every=40, fragments=8, in_flight=1)`, {steps} steps each, against the same loop
 without slowlink. Peak RSS in MiB (the plain loop already holds parameters, gradients and AdamW's two moments):
 
-{markdown_table(["node", "plain peak", "with slowlink", "extra", "extra / model"], memory_rows)}
+{markdown_table(["allocator", "node", "plain peak", "with slowlink", "extra", "extra / model"], memory_rows)}
 
 Target: at most 3× the model (anchor, one in-flight delta, the merger's outer momentum).
 
