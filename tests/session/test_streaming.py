@@ -30,17 +30,9 @@ class Blocks(torch.nn.Module):
 def test_each_fragment_syncs_on_its_own_phase_once_per_h_steps_with_about_a_pth_of_the_bytes():
     model, events = Blocks(), []
     algorithm = sl.DiLoCo(sync_every=8, fragments=4, partition=sl.Strided(), overlap_steps=0)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    generator = torch.Generator().manual_seed(1)
     with sl.Session(model, algorithm=algorithm, mailbox=sl.MemoryMailbox(), node_id="solo",
                     on_event=events.append, poll_seconds=0.005) as session:  # fmt: skip
-        for _ in range(40):
-            x = torch.randn(4, 6, generator=generator)
-            loss = (model(x) - x).pow(2).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            session.step(samples=4)
+        constant_descent_blocks(model, session, 40)
     sent = [e.data for e in events if e.kind == "contribution_sent"]
     # s = ⌊8/4⌋ = 2: fragment q syncs at steps 2q + 8k, k ≥ 1.
     for q in range(4):
