@@ -19,7 +19,7 @@ def test_the_plain_configuration_is_standard_diloco_and_just_works():
 def test_gradientmails_option_names_are_accepted():
     config = sl.DiLoCo(
         sync_every=100, fragments=8, in_flight=8, overlap_steps=1, mixing=0.5, merge=sl.WeightedMean(),
-        quorum_size=2, partition=sl.Strided(), global_batch_size=256, delta_dtype="F4", commit_dtype="BF16",
+        quorum_size=2, partition=sl.Strided(), global_batch_size=256, delta_dtype="F4",
         flush_on_close=True,
     )  # fmt: skip
     assert config.to_dict()["partition"] == {"name": "Strided", "block_pattern": r"\.(\d+)\."}
@@ -39,6 +39,8 @@ def test_gradientmails_option_names_are_accepted():
         ({"sync_every": 10, "delta_dtype": "F3"}, "delta_dtype", "F4"),
         ({"sync_every": 2.5}, "sync_every", "integer"),
         ({"sync_every": 10, "fragments": 2, "in_flight": 1, "quorum_size": 2}, "in_flight=1", "deadlock"),
+        ({"sync_every": 10, "commit_dtype": "BF16"}, "commit_dtype", "not supported yet"),
+        ({"sync_every": 10, "error_feedback": True}, "error_feedback", "not supported"),
     ],
 )
 def test_an_invalid_option_is_refused_with_its_name_and_valid_range(options, named, valid):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from slowlink.algorithms.merge import WeightedMean, weighted_mean
-from slowlink.algorithms.mixing import blend, carry_change, carry_overlap_change, pseudo_gradient
+from slowlink.algorithms.mixing import blend, carry_change, carry_overlap_change
 
 
 def test_weighted_mean_weights_each_delta_by_its_samples():
@@ -40,9 +40,7 @@ def test_carry_moves_the_local_parameters_by_the_commits_change():
 def test_carry_overlap_keeps_only_the_steps_after_the_snapshot():
     # anchor 0, snapshot −2 (Δ = 2), now −3; the commit is −2.5. θ ← −3 + (−2.5 − (−2)) = −3.5:
     # the commit plus the one step (−1) trained after the snapshot.
-    change = dict(carry_overlap_change({"w": np.array([0.0])}, {"w": np.array([-2.5])}, {"w": np.array([2.0])}))
+    change = dict(
+        carry_overlap_change({"w": np.array([0.0])}, {"w": np.array([-2.5])}, {"w": np.array([2.0])})
+    )
     assert -3.0 + change["w"][0] == pytest.approx(-3.5)
-
-
-def test_pseudo_gradient_points_from_local_to_anchor():
-    assert pseudo_gradient({"w": np.array([1.0])}, {"w": np.array([0.25])})["w"][0] == pytest.approx(0.75)

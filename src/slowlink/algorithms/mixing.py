@@ -34,8 +34,3 @@ def carry_overlap_change(
         change = new_anchor[name] - old_anchor[name]
         change += delta[name]
         yield name, change
-
-
-def pseudo_gradient(anchor: Arrays, local: Arrays) -> Arrays:
-    """Δ = θ_anchor − θ_local: points downhill, like a gradient (research/algorithms.md §0)."""
-    return {name: anchor[name] - local[name] for name in anchor}
