@@ -121,3 +121,22 @@ def test_flush_on_close_also_publishes_steps_trained_while_the_last_round_was_in
     final = read_commit(mailbox, 0, 2)
     assert final["flush_only"] and [c["steps"] for c in final["contributors"]] == [1]
     assert not [e for e in events if e.kind == "steps_dropped"]
+
+
+def test_zstd_and_f4_contributions_are_merged_like_any_other():
+    from slowlink.wire.compress import is_compressed
+
+    mailbox = sl.MemoryMailbox()
+    model = tiny_mlp()
+    algorithm = sl.DiLoCo(sync_every=2, overlap_steps=0, delta_dtype="F4")
+    with sl.Session(model, algorithm=algorithm, mailbox=mailbox, node_id="n", poll_seconds=0.005,
+                    compression="zstd") as session:  # fmt: skip
+        for batch in batches(0, 4):
+            sgd_step(model, batch, 0.1)
+            session.step(samples=4)
+            if session.stats.step == 2:  # round 1's payload, before garbage collection takes it
+                payload_keys = [i.key for i in mailbox.list("rounds/") if not i.key.endswith(".json")]
+                data = mailbox.get(payload_keys[0]).data
+                assert is_compressed(data) and payload.read_header(data)["encoding"] == "F4"
+    assert session.stats.rounds_committed == 2 and session.stats.contributions_rejected == 0
+    assert [c["node"] for c in read_commit(mailbox, 0, 2)["contributors"]] == ["n"]
