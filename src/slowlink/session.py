@@ -235,14 +235,15 @@ class Session:
             self._pending_steps[fragment] += 1
             self._pending_samples[fragment] += samples
         self._drain_alignments()
-        self._owed.update(self._due_now())
+        due = self._due_now()
+        self._owed.update(due)
         for fragment in sorted(self._owed):
             if fragment in self._in_flight or len(self._in_flight) >= self.algorithm.max_in_flight:
                 continue
             self._owed.discard(fragment)
             if self._pending_steps[fragment] > 0:  # a commit may have replaced every step since the last sync
                 self._publish(fragment, final=False)
-        self._count_deferred()
+        self._count_deferred(due)
         self._wait_for_overlap()
 
     def _due_now(self) -> list[int]:
@@ -264,8 +265,8 @@ class Session:
                 fresh.append(fragment)
         return fresh
 
-    def _count_deferred(self) -> None:
-        for fragment in due_fragments(self._phase + self._step, self.algorithm.sync_every, self._offsets):
+    def _count_deferred(self, due: list[int]) -> None:
+        for fragment in due:
             if fragment in self._owed:
                 self._emit(Event("sync_deferred", self.node_id,
                                  f"fragment {fragment} is due but its previous contribution is still in flight; "
