@@ -55,8 +55,8 @@ def test_every_module_imports_only_its_own_layer_and_the_layers_below():
 def test_the_public_surface_is_exactly_this():
     assert sorted(sl.__all__) == [
         "BalancedBytes", "ConfigError", "DiLoCo", "DirMailbox", "Event", "MailboxError", "MemoryMailbox",
-        "PayloadError", "RunConfigMismatch", "S3Mailbox", "SchemaMismatch", "Session", "SessionStateError",
-        "SessionStats", "SlowlinkError", "Strided", "WeightedMean", "align",
+        "NormClippedMean", "PayloadError", "RunConfigMismatch", "S3Mailbox", "SchemaMismatch", "Session",
+        "SessionStateError", "SessionStats", "SlowlinkError", "Strided", "TrimmedMean", "WeightedMean", "align",
     ]  # fmt: skip
     for name in sl.__all__:
         assert getattr(sl, name) is not None

@@ -3,6 +3,7 @@
 from .algorithms.diloco import DiLoCo
 from .algorithms.merge import WeightedMean
 from .algorithms.partition import BalancedBytes, Strided
+from .algorithms.robust import NormClippedMean, TrimmedMean
 from .errors import (
     ConfigError,
     MailboxError,
@@ -34,6 +35,7 @@ __all__ = [
     "Event",
     "MailboxError",
     "MemoryMailbox",
+    "NormClippedMean",
     "PayloadError",
     "S3Mailbox",
     "RunConfigMismatch",
@@ -43,6 +45,7 @@ __all__ = [
     "SessionStats",
     "SlowlinkError",
     "Strided",
+    "TrimmedMean",
     "WeightedMean",
     "align",
 ]

@@ -9,7 +9,7 @@ fragments=1, overlap_steps=0 and quorum_size equal to the node count it is stand
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
-from .merge import WeightedMean
+from .merge import MergeRule, WeightedMean
 from .outer import OuterOptimizer, outer_nesterov
 from .partition import BalancedBytes, Schema, Strided
 from .schedule import fragment_offsets
@@ -48,7 +48,7 @@ class DiLoCo:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     nesterov: bool = True
-    merge: WeightedMean = field(default_factory=WeightedMean)
+    merge: MergeRule = field(default_factory=WeightedMean)
     quorum_size: int = 1
     grace_seconds: float | None = None
     global_batch_size: int | None = None

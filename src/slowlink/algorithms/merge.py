@@ -2,15 +2,28 @@
 
 WeightedMean:  Δ = Σ_m w_m·Δ_m / Σ_m w_m, with w_m the samples node m reports for the round
 (research/algorithms.md §1, "Weighting"). Contributions stream in one at a time, so a merger holds
-one running sum and one contribution, never all of them.
+one running sum and one contribution, never all of them. Rules for runs with untrusted nodes
+(TrimmedMean, NormClippedMean) are in robust.py.
 """
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 Arrays = dict[str, np.ndarray]
+
+
+class MergeRule(Protocol):
+    """What a merger calls: the weight of a contribution, the merge of a round's (Δ, weight) pairs
+    (ValueError when there are none), and the canonical configuration run.json records."""
+
+    def to_dict(self) -> dict: ...
+
+    def weight(self, samples: int, steps: int) -> float: ...
+
+    def merge(self, contributions: Iterable[tuple[Arrays, float]]) -> Arrays: ...
 
 
 @dataclass(frozen=True)
