@@ -1,0 +1,300 @@
+"""After a chaos schedule: read the store directly and the learners' logs, check the run, and measure it.
+
+Checks: every life not killed exited 0 after its steps; each fragment's commits run 1..n unbroken; each
+contributor of a commit had logged sending that contribution, and none is counted twice; every life that
+finished accounts for each step it trained (merged, or reported unmerged); the committed model is finite
+and its held-out loss is below the initial model's. Figures: kills, faults, rounds, stalls, work lost.
+"""
+
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+import slowlink as sl
+from slowlink.demo.corpus import heldout_windows, load_corpus
+from slowlink.demo.model import build_model, evaluate
+from slowlink.protocol import keys
+from slowlink.protocol.run import read_commit, read_head
+
+LOST_ANSWER = (
+    "failed after the store applied it"  # what Faulty says when a write landed but its answer was lost
+)
+
+
+@dataclass
+class LifeRecord:
+    """What one life left behind: its log, and its result file if it finished."""
+
+    node: str
+    life: int
+    killed: bool
+    returncode: int | None
+    ended: float | None
+    events: list[dict]
+    result: dict | None
+    stderr: str
+
+    @classmethod
+    def read(cls, life) -> "LifeRecord":
+        text = life.log.read_text() if life.log.exists() else ""
+        # A SIGKILL can cut the last line short: keep the whole lines only.
+        events = []
+        for line in text.splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+        result = json.loads(life.out.read_text()) if life.out.exists() else None
+        stderr = life.stderr.read_text() if life.stderr.exists() else ""
+        return cls(life.node, life.life, life.killed, life.returncode, life.ended, events, result, stderr)
+
+    @property
+    def name(self) -> str:
+        return f"{self.node} life {self.life}"
+
+    def sent(self) -> list[dict]:
+        return [event["data"] for event in self.events if event["kind"] == "contribution_sent"]
+
+    def last_step(self) -> int:
+        steps = [e["step"] for e in self.events if e["kind"] == "progress"] + [d["step"] for d in self.sent()]
+        return max(steps, default=0)
+
+    def last_progress(self) -> dict:
+        """Faults and requests as last reported: at exit, or (killed) at its last progress line."""
+        if self.result is not None:
+            return {"faults": self.result["faults"], "requests": sum(self.result["requests"].values())}
+        progress = [e for e in self.events if e["kind"] == "progress"]
+        return progress[-1] if progress else {"faults": {}, "requests": 0}
+
+    def errors(self) -> list[tuple[float, str]]:
+        return [(e["t"], e["message"]) for e in self.events if e["kind"] == "mailbox_error"]
+
+
+@dataclass
+class Outcome:
+    """One schedule's verdict and figures; times are seconds since the schedule started."""
+
+    failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    kills: int = 0
+    leader_kills: int = 0
+    restarts: int = 0
+    joins: int = 0
+    faults_finished: Counter = field(default_factory=Counter)  # reported by the lives that exited
+    faults_killed: Counter = field(default_factory=Counter)  # at least: killed lives' last progress lines
+    requests: int = 0
+    rounds: int = 0
+    stall: float = 0.0
+    stall_cause: str = ""
+    lost_finished: int = 0  # fragment-steps reported unmerged by lives that exited (steps_unmerged)
+    lost_killed: int = 0  # fragment-steps of killed lives after their last merged contribution
+    loss_initial: float = math.nan
+    loss_final: float = math.nan
+    seconds: float = 0.0
+
+
+def check(played, mailbox, *, fragments: int, steps: int) -> Outcome:
+    """Judge a played schedule from the store (`mailbox`, without faults) and the lives' logs."""
+    outcome = Outcome(seconds=played.seconds)
+    lives = [LifeRecord.read(life) for life in played.lives]
+    count_actions(played, outcome)
+    check_exits(played, lives, steps, outcome)
+    commits = read_commits(mailbox, fragments, outcome)
+    merged = match_contributors(commits, lives, outcome)
+    check_accounting(played, lives, merged, fragments, outcome)
+    check_model(mailbox, outcome)
+    measure(played, lives, commits, merged, fragments, outcome)
+    return outcome
+
+
+def count_actions(played, outcome: Outcome) -> None:
+    kinds = Counter(kind for _, kind, _ in played.done)
+    outcome.kills = kinds["kill"] + kinds["kill_leader"]
+    outcome.leader_kills = kinds["kill_leader"]
+    outcome.restarts = kinds["restart"]
+    outcome.joins = sum(1 for action in played.schedule.actions if action.kind == "join") - sum(
+        1 for action in played.unfired if action.kind == "join"
+    )
+    for action in played.unfired:
+        outcome.notes.append(f"{action.kind} at t+{action.at:.1f}s did not fire: the run ended first")
+
+
+def check_exits(played, lives: list[LifeRecord], steps: int, outcome: Outcome) -> None:
+    if played.timed_out:
+        outcome.failures.append(f"the run did not finish within its deadline ({played.seconds:.0f} s)")
+    for life in lives:
+        if life.killed:
+            continue
+        if life.returncode != 0 or life.result is None:
+            tail = " | ".join(life.stderr.strip().splitlines()[-3:])
+            outcome.failures.append(f"{life.name} exited with code {life.returncode}: {tail}")
+        elif life.result["stats"]["step"] != steps:
+            outcome.failures.append(
+                f"{life.name} stopped after {life.result['stats']['step']} of {steps} steps"
+            )
+
+
+def read_commits(mailbox, fragments: int, outcome: Outcome) -> dict[tuple[int, int], dict]:
+    """Every commit record; each fragment's rounds must be 1..n with n the version head.json names."""
+    versions, _ = read_head(mailbox, fragments)
+    found: dict[int, list[int]] = {fragment: [] for fragment in range(fragments)}
+    for listing in mailbox.list("commits/"):
+        fragment, name = listing.key.removeprefix("commits/").split("/")
+        found[int(fragment)].append(int(name.removesuffix(".json")))
+    commits = {}
+    for fragment, rounds in found.items():
+        rounds.sort()
+        if rounds != list(range(1, len(rounds) + 1)) or len(rounds) != versions[fragment]:
+            outcome.failures.append(
+                f"fragment {fragment}: commits {rounds[:3]}…{rounds[-3:]} are not 1..n with n = head.json's "
+                f"{versions[fragment]}"
+            )
+        for round_ in rounds:
+            commits[fragment, round_] = read_commit(mailbox, fragment, round_)
+    outcome.rounds = len(commits)
+    return commits
+
+
+def match_contributors(commits: dict, lives: list[LifeRecord], outcome: Outcome) -> dict:
+    """Pair each commit's contributors with a logged contribution_sent of that node for that fragment and
+    round, with the same steps; each logged contribution pairs once. Returns (life index, fragment) ->
+    the contributions merged, as their logged data."""
+    unused = [list(life.sent()) for life in lives]
+    merged: dict[tuple[int, int], list[dict]] = {}
+    for (fragment, round_), record in sorted(commits.items()):
+        for contributor in record["contributors"]:
+            node, want = contributor["node"], (fragment, round_, contributor["steps"])
+            match = next(
+                ((i, sent) for i, life in enumerate(lives) if life.node == node for sent in unused[i]
+                 if (sent["fragment"], sent["round"], sent["steps"]) == want),
+                None,
+            )  # fmt: skip
+            if match is not None:
+                unused[match[0]].remove(match[1])
+                merged.setdefault((match[0], fragment), []).append(match[1])
+                continue
+            why = explain_unlogged(lives, node, fragment, round_)
+            if why is None:
+                outcome.notes.append(
+                    f"commit {fragment}/{round_}: {node}'s contribution was sent as it was killed"
+                )
+            else:
+                outcome.failures.append(f"commit {fragment}/{round_} counts {node} ({contributor['steps']} steps), "
+                                        f"which never logged sending it: {why}")  # fmt: skip
+    return merged
+
+
+def explain_unlogged(lives: list[LifeRecord], node: str, fragment: int, round_: int) -> str | None:
+    """Why a commit counts a contribution its node never logged; None when a kill explains it (the record
+    was written, the process died before logging)."""
+    key = keys.contribution(fragment, round_, node)
+    for life in lives:
+        for _, message in life.errors() if life.node == node else []:
+            if f"PUT {key} {LOST_ANSWER}" in message:
+                return (f"{life.name}'s PUT of {key} landed but its answer was lost, so the node took the round "
+                        "as committed without it and carried the same steps into its next contribution: "
+                        "those steps are merged twice")  # fmt: skip
+    for life in lives:
+        if life.node == node and life.killed:
+            rounds = [sent["round"] for sent in life.sent() if sent["fragment"] == fragment]
+            if max(rounds, default=0) < round_:
+                return None
+    return "no lost answer or kill explains it"
+
+
+def check_accounting(played, lives: list[LifeRecord], merged: dict, fragments: int, outcome: Outcome) -> None:
+    """Nothing silently lost, nothing counted twice: a life that finished trained steps × fragments
+    fragment-steps, and each is either in a merged contribution or in its steps_unmerged."""
+    for index, life in enumerate(lives):
+        if life.result is None:
+            continue
+        stats = life.result["stats"]
+        contributions = [sent for f in range(fragments) for sent in merged.get((index, f), [])]
+        in_commits = sum(sent["steps"] for sent in contributions)
+        trained = stats["step"] * fragments
+        if in_commits + stats["steps_unmerged"] == trained:
+            continue
+        late = sum(sent["steps"] for sent in contributions
+                   if played.commit_times.get((sent["fragment"], sent["round"]), 0.0) > life.ended)  # fmt: skip
+        why = (
+            f"{late} of them were committed after it left: it counted contributions still awaiting their "
+            "commit at close_timeout as dropped, though their records stayed in the store and were merged"
+            if late and in_commits + stats["steps_unmerged"] - late == trained
+            else "merged + unmerged must equal trained"
+        )
+        outcome.failures.append(
+            f"{life.name} trained {stats['step']} steps × {fragments} fragments = {trained} fragment-steps, "
+            f"but commits hold {in_commits} of them and it reports {stats['steps_unmerged']} unmerged: {why}"
+        )
+
+
+def check_model(mailbox, outcome: Outcome) -> None:
+    torch.set_num_threads(1)
+    heldout = heldout_windows(load_corpus())
+    model = build_model("tiny", seed=0)
+    outcome.loss_initial = evaluate(model, heldout)
+    sl.align(model, mailbox=mailbox)
+    if not all(torch.isfinite(p).all() for p in model.parameters()):
+        outcome.failures.append("the committed parameters hold NaN or infinite values")
+    outcome.loss_final = evaluate(model, heldout)
+    if not outcome.loss_final < outcome.loss_initial:
+        outcome.failures.append(
+            f"held-out loss {outcome.loss_final:.3f} did not fall below the initial {outcome.loss_initial:.3f}"
+        )
+
+
+def measure(
+    played, lives: list[LifeRecord], commits: dict, merged: dict, fragments: int, outcome: Outcome
+) -> None:
+    for index, life in enumerate(lives):
+        reported = life.last_progress()
+        (outcome.faults_killed if life.killed else outcome.faults_finished).update(reported["faults"])
+        outcome.requests += reported["requests"]
+        if life.result is not None:
+            outcome.lost_finished += life.result["stats"]["steps_unmerged"]
+        elif life.killed:
+            # Steps after the snapshot of its last merged contribution, fragment by fragment.
+            last = life.last_step()
+            for fragment in range(fragments):
+                merged_at = max((sent["step"] for sent in merged.get((index, fragment), [])), default=0)
+                outcome.lost_killed += last - merged_at
+    outcome.stall, outcome.stall_cause = longest_stall(played, lives, fragments)
+
+
+def longest_stall(played, lives: list[LifeRecord], fragments: int) -> tuple[float, str]:
+    """The longest time between two consecutive commits of one fragment (as head.json showed them), and
+    what happened in it, from the schedule and the logs."""
+    gaps = [
+        (played.commit_times[f, r + 1] - played.commit_times[f, r], f, r)
+        for f, r in played.commit_times
+        if (f, r + 1) in played.commit_times
+    ]
+    if not gaps:
+        return 0.0, "fewer than two commits"
+    seconds, fragment, round_ = max(gaps)
+    start, end = played.commit_times[fragment, round_], played.commit_times[fragment, round_ + 1]
+    causes = []
+    for when, kind, node in played.done:
+        if kind in ("kill", "kill_leader") and start - 1.0 <= when <= end:
+            took = next(((t, n) for t, n, _ in played.leaders if t > when and n not in ("", node)), None)
+            causes.append(f"{'leader ' if kind == 'kill_leader' else ''}{node} killed at t={when:.1f}s"
+                          + (f", {took[1]} leading from t={took[0]:.1f}s" if kind == "kill_leader" and took else ""))  # fmt: skip
+    written = played.written_times.get((fragment, round_ + 1))
+    if written is not None and end - written > 1.0:
+        causes.append(f"commit {fragment}/{round_ + 1} was in the store from t={written:.1f}s, but head.json "
+                      f"named it only at t={end:.1f}s")  # fmt: skip
+    commit_key = keys.commit(fragment, round_ + 1)
+    errors = 0
+    for life in lives:
+        for wall, message in life.errors():
+            t = wall - played.wall_origin
+            if start <= t <= end:
+                errors += 1
+                if f"PUT {commit_key} {LOST_ANSWER}" in message:
+                    causes.append(f"{commit_key} written at t={t:.1f}s but its answer lost; head.json named it "
+                                  f"only at t={end:.1f}s")  # fmt: skip
+    causes.append(f"{errors} failed requests logged meanwhile")
+    return seconds, f"fragment {fragment} round {round_} → {round_ + 1}: " + "; ".join(causes)
