@@ -56,7 +56,8 @@ def test_the_public_surface_is_exactly_this():
     assert sorted(sl.__all__) == [
         "BalancedBytes", "ConfigError", "DiLoCo", "DirMailbox", "Event", "MailboxError", "MemoryMailbox",
         "NormClippedMean", "PayloadError", "RunConfigMismatch", "S3Mailbox", "SchemaMismatch", "Session",
-        "SessionStateError", "SessionStats", "SlowlinkError", "Strided", "TrimmedMean", "WeightedMean", "align",
+        "SessionStateError", "SessionStats", "SlowlinkError", "Strided", "TrainingDiverged", "TrimmedMean",
+        "WeightedMean", "align",
     ]  # fmt: skip
     for name in sl.__all__:
         assert getattr(sl, name) is not None

@@ -12,6 +12,7 @@ from .errors import (
     SchemaMismatch,
     SessionStateError,
     SlowlinkError,
+    TrainingDiverged,
 )
 from .events import Event
 from .mailbox import DirMailbox, MemoryMailbox
@@ -45,6 +46,7 @@ __all__ = [
     "SessionStats",
     "SlowlinkError",
     "Strided",
+    "TrainingDiverged",
     "TrimmedMean",
     "WeightedMean",
     "align",

@@ -6,6 +6,7 @@ SlowlinkError
 ├── RunConfigMismatch    this node's algorithm configuration differs from the run's
 ├── SessionStateError    a Session used outside its `with` block, or twice
 ├── PayloadError         bytes from the store that fail a check (digest, header, size, encoding)
+├── TrainingDiverged     this node's parameters hold NaN or values its delta_dtype cannot carry
 └── MailboxError         the store failed
     ├── PreconditionFailed   a create-once key exists, or a compare-and-swap lost
     ├── MailboxUnavailable   the store kept failing after retries (throttling, 5xx, timeouts)
@@ -35,6 +36,11 @@ class SessionStateError(SlowlinkError, RuntimeError):
 
 class PayloadError(SlowlinkError):
     """Bytes read from the store failed a check; they never touch a model."""
+
+
+class TrainingDiverged(SlowlinkError):
+    """This node's contribution cannot be sent: its parameters hold NaN or infinite values, or values
+    beyond what the run's delta_dtype can carry. session.step() raises it; nothing is published."""
 
 
 class MailboxError(SlowlinkError):

@@ -28,7 +28,6 @@ from .mailbox.metered import Metered
 from .protocol import keys
 from .protocol.courier import Alignment, Contribution, Courier, NodeStatus
 from .protocol.run import Run, newest_params, open_run, read_head, read_run
-from .wire import payload
 from .wire.encodings import ENCODINGS
 
 JOIN_ATTEMPTS = 5  # a joiner may race garbage collection of the commit it read; it then reads head again
@@ -107,8 +106,9 @@ class Session:
             if not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
         encoding = algorithm.delta_dtype or "F32"
-        if encoding not in ENCODINGS:
-            raise ConfigError(f"delta_dtype={algorithm.delta_dtype!r} is not available in this build")
+        for name in ("delta_dtype", "commit_dtype"):
+            if (getattr(algorithm, name) or "F32") not in ENCODINGS:
+                raise ConfigError(f"{name}={getattr(algorithm, name)!r} is not available in this build")
         self.model, self.algorithm, self.compression = model, algorithm, compression
         self.mailbox = Metered(mailbox)
         self.poll_seconds, self.lease_seconds, self.close_timeout = poll_seconds, lease_seconds, close_timeout
@@ -160,7 +160,7 @@ class Session:
         self.courier = Courier(
             self.mailbox, self.run, self.algorithm, self.node_id, dict(latest),
             emit=self._emit, status=self._status, poll_seconds=self.poll_seconds,
-            lease_seconds=self.lease_seconds, encode=self._encode,
+            lease_seconds=self.lease_seconds, encoding=self._encoding, compression=self.compression,
         )  # fmt: skip
         self.courier.start()
         self._state = "open"
@@ -352,14 +352,6 @@ class Session:
 
     def _status(self) -> NodeStatus:
         return NodeStatus(self._step, self._samples, self._step_seconds)
-
-    def _encode(self, arrays: dict, header: dict) -> bytes:
-        data = payload.pack(arrays, header, encoding=self._encoding)
-        if self.compression == "zstd":
-            from .wire.compress import compress
-
-            data = compress(data)
-        return data
 
     def _emit(self, event: Event) -> None:
         with self._count_lock:

@@ -32,9 +32,23 @@ def sgd_step(model: torch.nn.Module, batch, lr: float) -> float:
     return loss.item()
 
 
-def run_nodes(count: int, algorithm, mailbox, steps: int, *, lr: float = 0.1, **session_options):
-    """Train `count` tiny MLPs from the same start, each on its own batches; returns their models and stats."""
-    models = [tiny_mlp() for _ in range(count)]
+def wide_mlp(seed: int = 0) -> torch.nn.Module:
+    """67k parameters: payloads large enough that their bytes, not the records', dominate the traffic."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(3, 256),
+        torch.nn.Tanh(),
+        torch.nn.Linear(256, 256),
+        torch.nn.Tanh(),
+        torch.nn.Linear(256, 1),
+    )
+
+
+def run_nodes(
+    count: int, algorithm, mailbox, steps: int, *, lr: float = 0.1, make_model=tiny_mlp, **session_options
+):
+    """Train `count` models from the same start, each on its own batches; returns their models and stats."""
+    models = [make_model() for _ in range(count)]
     stats, errors = [None] * count, []
     barrier = threading.Barrier(count)
 

@@ -1,6 +1,7 @@
 """Bad input gets a clear error that names the thing and the fix, and changes nothing."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -145,3 +146,22 @@ def test_a_crash_on_the_communication_thread_surfaces_in_step():
         session.courier.failure = RuntimeError("boom")
         session.step(samples=1)
     assert threading.active_count() >= 1
+
+
+@pytest.mark.parametrize("overlap_steps", [None, 0])
+def test_a_model_gone_nan_raises_training_diverged_from_step_and_publishes_nothing(overlap_steps):
+    mailbox = sl.MemoryMailbox()
+    model = tiny_mlp()
+    algorithm = sl.DiLoCo(sync_every=2, overlap_steps=overlap_steps)
+    with (
+        pytest.raises(sl.TrainingDiverged, match="NaN or infinite") as raised,
+        sl.Session(model, algorithm=algorithm, mailbox=mailbox, node_id="n", poll_seconds=0.005) as session,
+    ):
+        with torch.no_grad():
+            model[0].weight[0, 0] = float("nan")
+        for _ in range(200):  # the sync at step 2 fails on the communication thread; a later step raises
+            session.step()
+            time.sleep(0.005)
+    assert "fragment 0" in str(raised.value) and "'0.weight'" in str(raised.value)
+    assert not [listing.key for listing in mailbox.list("rounds/")]  # nothing was published
+    assert not [listing.key for listing in mailbox.list("commits/")]

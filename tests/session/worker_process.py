@@ -1,5 +1,5 @@
 """One learner process for the multi-process tests: trains the demo's tiny GPT in a Session over a
-DirMailbox and writes what it saw as JSON. Run as a script: python worker_process.py ARGS_JSON OUT_JSON."""
+DirMailbox or an S3 bucket and writes what it saw as JSON. Run as: python worker_process.py ARGS_JSON OUT_JSON."""
 
 import hashlib
 import json
@@ -37,10 +37,21 @@ def main(args: dict, out_path: str) -> None:
     model = build_model("tiny", seed=0)
     optimizer = make_optimizer(model)
     windows = TrainWindows(load_corpus(), node=args["node"], seed=args.get("seed", 0))
-    mailbox = sl.DirMailbox(args["mailbox"])
+    if "s3" in args:  # credentials come from the environment
+        s3 = args["s3"]
+        mailbox = sl.S3Mailbox(s3["bucket"], s3["prefix"], endpoint_url=s3["url"], region=s3["region"])
+    else:
+        mailbox = sl.DirMailbox(args["mailbox"])
     algorithm = sl.DiLoCo(**args["algorithm"])
+    contribution_bytes = []
+
+    def on_event(event: sl.Event) -> None:
+        if event.kind == "contribution_sent":
+            contribution_bytes.append(event.data["bytes"])
+
     with sl.Session(model, algorithm=algorithm, mailbox=mailbox, node_id=f"node-{args['node']}",
-                    poll_seconds=0.05, lease_seconds=args.get("lease_seconds", 10.0)) as session:  # fmt: skip
+                    compression=args.get("compression"), on_event=on_event, poll_seconds=0.05,
+                    lease_seconds=args.get("lease_seconds", 10.0)) as session:  # fmt: skip
         joined = list(session.stats.versions)
         at_join = [newest_params(mailbox, session.run, q, v)[1] for q, v in enumerate(joined)]
         committed_at_join = hashlib.sha256(
@@ -50,6 +61,8 @@ def main(args: dict, out_path: str) -> None:
         joined_model = hashlib.sha256(
             b"".join(snapshot[name].tobytes() for group in session.plan for name in group)
         ).hexdigest()
+        while len(mailbox.list("nodes/")) < args.get("wait_for_nodes", 0):
+            time.sleep(0.05)  # a deterministic run: no round may close before every node holds a lease
         started = time.process_time()
         for step in range(args["steps"]):
             train_step(model, optimizer, windows.next_batch(args["batch"]), lr=learning_rate(step))
@@ -67,6 +80,7 @@ def main(args: dict, out_path: str) -> None:
         "final_versions": list(stats.versions),
         "final_digest": digest(model),
         "trained_seconds": trained_seconds,
+        "contribution_bytes": sum(contribution_bytes),
         "stats": {key: value for key, value in stats.__dict__.items() if key != "versions"},
     }
     with open(out_path, "w") as out:

@@ -96,13 +96,6 @@ class DiLoCo:
                 raise ConfigError(
                     f"{name}={getattr(self, name)!r} is not a wire dtype; use one of {DTYPE_NAMES}"
                 )
-        # Accepted names, not yet carried out by a session: refused rather than silently ignored.
-        if self.commit_dtype is not None:
-            raise ConfigError(f"commit_dtype={self.commit_dtype!r} is not supported yet: commits travel as float32 "
-                              "parameters; leave commit_dtype=None")  # fmt: skip
-        if self.error_feedback:
-            raise ConfigError("error_feedback=True is not supported by sessions yet; leave it False "
-                              "(slowlink.wire.error_feedback holds the transformation)")  # fmt: skip
         if not isinstance(self.partition, Strided | BalancedBytes):
             raise ConfigError(f"partition={self.partition!r} must be sl.Strided() or sl.BalancedBytes()")
         if not hasattr(self.merge, "merge") or not hasattr(self.merge, "weight"):

@@ -15,14 +15,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..algorithms.diloco import DiLoCo
-from ..errors import MailboxError, PayloadError
+from ..errors import MailboxError, PayloadError, TrainingDiverged
 from ..events import Event
 from ..mailbox.contract import Mailbox
 from ..wire import payload
+from ..wire.compress import compress
+from ..wire.error_feedback import encode_arrays_with_feedback
 from . import keys, records
 from .leader import Leadership, Liveness
 from .merger import Merger
-from .run import Run, advance_head, load_params, read_commit, read_head
+from .run import Run, advance_head, load_change, load_params, read_commit, read_head
 
 Arrays = dict[str, np.ndarray]
 
@@ -73,11 +75,17 @@ class Courier:
         status: Callable[[], NodeStatus],
         poll_seconds: float,
         lease_seconds: float,
-        encode: Callable[[Arrays, dict], bytes],
+        encoding: str,
+        compression: str | None,
     ) -> None:
         self.mailbox, self.run, self.algorithm, self.node_id = mailbox, run, algorithm, node_id
         self.latest = latest  # fragment -> (version, params): the newest commit this node holds
-        self.emit, self.status, self.encode = emit, status, encode
+        self.emit, self.status = emit, status
+        self.encoding, self.compression = encoding, compression
+        # Error feedback: fragment -> what this node's encoding has lost so far, and the residual after the
+        # contribution in flight, which replaces it only once that contribution is merged.
+        self.residual: dict[int, Arrays] = {}
+        self.residual_in_flight: dict[int, Arrays] = {}
         self.poll_seconds, self.lease_seconds = poll_seconds, lease_seconds
         self.beat_seconds = min(lease_seconds / 4, 2.0)
         self.outbox: queue.Queue[Contribution] = queue.Queue()
@@ -165,7 +173,12 @@ class Courier:
         for name, values in delta.items():
             np.subtract(item.anchor[name], values, out=values)
         header = self.run.expect(kind="delta", fragment=item.fragment, round=round_, node=self.node_id)
-        data = self.encode(delta, header)
+        try:
+            data = self._encode(item.fragment, delta, header)
+        except PayloadError as error:  # raised in the training thread by the next session.step()
+            raise TrainingDiverged(
+                f"fragment {item.fragment}'s contribution after local step {item.step} cannot be sent: {error}"
+            ) from None
         sha = payload.digest(data)
         self.mailbox.put(keys.contribution_payload(item.fragment, round_, self.node_id, sha), data)
         record = {
@@ -186,6 +199,16 @@ class Courier:
                         {"fragment": item.fragment, "round": round_, "step": item.step, "steps": item.steps,
                          "bytes": len(data)}))  # fmt: skip
 
+    def _encode(self, fragment: int, delta: Arrays, header: dict) -> bytes:
+        if self.algorithm.error_feedback:
+            encoded, self.residual_in_flight[fragment] = encode_arrays_with_feedback(
+                delta, self.residual.get(fragment), self.encoding
+            )
+            data = payload.pack_encoded(encoded, header, encoding=self.encoding)
+        else:
+            data = payload.pack(delta, header, encoding=self.encoding)
+        return compress(data) if self.compression == "zstd" else data
+
     def _poll_head(self) -> None:
         versions, self._head_etag = read_head(self.mailbox, self.fragments, etag=self._head_etag)
         if versions is not None:
@@ -198,8 +221,31 @@ class Courier:
         record = read_commit(self.mailbox, fragment, version)
         if record is None:
             raise PayloadError(f"{keys.commit(fragment, version)} is missing though head.json names it")
-        params = load_params(self.mailbox, self.run, fragment, version, record["params"])
+        held_version, held = self.latest[fragment]
+        params = None
+        if record["change"] is not None and held_version == version - 1:
+            params = self._apply_change(fragment, version, held, record)
+        if params is None:
+            params = load_params(self.mailbox, self.run, fragment, version, record["params"])
         self._deliver(fragment, version, params, record)
+
+    def _apply_change(self, fragment: int, version: int, held: Arrays, record: dict) -> Arrays | None:
+        """The commit's parameters as the held ones plus its encoded change (commit_dtype), or None when the
+        change cannot be had or does not rebuild exactly the parameters the commit names."""
+        try:
+            change = load_change(self.mailbox, self.run, fragment, version, record["change"])
+        except PayloadError as error:
+            reason = str(error)
+        else:
+            params = {name: held[name] + change[name] for name in held}
+            header = self.run.expect(kind="params", fragment=fragment, round=version)
+            if payload.digest_of(params, header) == record["params"]:
+                return params
+            reason = "the held parameters plus the change differ from the commit's parameters"
+        self.emit(Event("commit_change_refused", self.node_id,
+                        f"fragment {fragment} round {version}: {reason}; downloading the full parameters",
+                        {"fragment": fragment, "round": version, "reason": reason}))  # fmt: skip
+        return None
 
     def _deliver(self, fragment: int, version: int, params: Arrays, record: dict) -> None:
         self.latest[fragment] = (version, params)
@@ -213,6 +259,9 @@ class Courier:
         if round_ != version:
             record = read_commit(self.mailbox, fragment, round_) or {"contributors": []}
         merged = any(c.get("node") == self.node_id for c in record["contributors"])
+        residual = self.residual_in_flight.pop(fragment, None)
+        if merged and residual is not None:
+            self.residual[fragment] = residual  # what this contribution's encoding lost goes into the next
         return "merged" if merged else "missed"
 
     def _beat_lease(self) -> None:

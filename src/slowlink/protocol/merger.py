@@ -200,6 +200,7 @@ class Merger:
             "fragment": fragment,
             "round": current.round,
         }
+        params, change_sha = self._encode_change(params, anchor, header)
         params_sha = put_blob(self.mailbox, payload.pack(params, header | {"kind": "params"}))
         # Without momentum the outer state is always zero: nothing to store.
         outer_sha = (
@@ -212,6 +213,7 @@ class Merger:
             "round": current.round,
             "params": params_sha,
             "outer_state": outer_sha,
+            "change": change_sha,
             "contributors": [
                 {
                     "node": node,
@@ -235,7 +237,7 @@ class Merger:
             # (a retried create-once then sees our object): the record says which.
             existing = read_commit(self.mailbox, fragment, current.round)
             if existing is None or existing["params"] != params_sha:
-                self.mailbox.delete([keys.blob(sha) for sha in (params_sha, outer_sha) if sha])
+                self.mailbox.delete([keys.blob(sha) for sha in (params_sha, outer_sha, change_sha) if sha])
                 return None  # another leader's commit; we adopt it through head.json
         advance_head(self.mailbox, len(self.run.plan), fragment, current.round)
         self.outer_states[fragment] = (current.round, state)
@@ -247,12 +249,29 @@ class Merger:
         self._collect_garbage(fragment, current.round)
         return Committed(fragment, current.round, params, record)
 
+    def _encode_change(self, params: Arrays, anchor: Arrays, header: dict) -> tuple[Arrays, str | None]:
+        """With commit_dtype, publish the change Θ_new − Θ_old in that encoding beside the parameters, and
+        commit exactly Θ_old + decode(change): then a node holding Θ_old rebuilds the commit bit for bit
+        from the small change, and checks it against the parameters' digest. Returns (params, change sha)."""
+        if self.algorithm.commit_dtype is None:
+            return params, None
+        change = {name: params[name] - anchor[name] for name in params}
+        try:
+            data = payload.pack(change, header | {"kind": "change"}, encoding=self.algorithm.commit_dtype)
+        except PayloadError as error:  # e.g. a change beyond F16's range: this commit goes out in full only
+            self.emit(Event("commit_change_skipped", self.node_id, f"fragment {header['fragment']} round "
+                            f"{header['round']}: {error}", {"fragment": header["fragment"], "round": header["round"]}))  # fmt: skip
+            return params, None
+        del change
+        decoded, _ = payload.unpack(data)
+        return {name: anchor[name] + decoded[name] for name in params}, put_blob(self.mailbox, data)
+
     def _collect_garbage(self, fragment: int, round_: int) -> None:
         """Drop the previous round's contributions and the blobs of commits GC_KEEP_COMMITS back."""
         stale = [listing.key for listing in self.mailbox.list(keys.round_folder(fragment, round_ - 1))]
         old = round_ - GC_KEEP_COMMITS
         if old > 0 and (record := read_commit(self.mailbox, fragment, old)) is not None:
-            stale += [keys.blob(record["params"])] + (
-                [keys.blob(record["outer_state"])] if record["outer_state"] else []
-            )
+            stale += [
+                keys.blob(record[field]) for field in ("params", "outer_state", "change") if record[field]
+            ]
         self.mailbox.delete(stale)

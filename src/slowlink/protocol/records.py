@@ -62,6 +62,7 @@ COMMIT_FIELDS = {
     "round": int,
     "params": str,
     "outer_state": (str, type(None)),
+    "change": (str, type(None)),
     "contributors": list,
     "rejected": list,
     "merger": str,

@@ -173,17 +173,26 @@ def read_commit(mailbox: Mailbox, fragment: int, round_: int) -> dict | None:
 
 
 def load_params(mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: str) -> Arrays:
+    return _load_fragment(mailbox, run, fragment, round_, sha, "params")
+
+
+def load_change(mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: str) -> Arrays:
+    """A commit's change Θ_round − Θ_(round−1), in the run's commit_dtype once decoded."""
+    return _load_fragment(mailbox, run, fragment, round_, sha, "change")
+
+
+def _load_fragment(mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: str, kind: str) -> Arrays:
     data = get_blob(mailbox, sha)
     arrays, _ = payload.unpack(
         data,
         expected_digest=sha,
-        expect=run.expect(kind="params", fragment=fragment, round=round_),
+        expect=run.expect(kind=kind, fragment=fragment, round=round_),
         max_bytes=run.max_payload_bytes(fragment),
     )
     names = set(run.plan[fragment])
     if set(arrays) != names:
         raise PayloadError(
-            f"parameters of fragment {fragment} round {round_} hold {sorted(arrays)} not {sorted(names)}"
+            f"{kind} of fragment {fragment} round {round_} hold {sorted(arrays)} not {sorted(names)}"
         )
     return arrays
 

@@ -24,3 +24,17 @@ def error_feedback_encode(
         compensated += residual
     entries = codec.encode(compensated)
     return entries, compensated - codec.decode(entries, compensated.shape)
+
+
+def encode_arrays_with_feedback(
+    arrays: dict[str, np.ndarray], residual: dict[str, np.ndarray] | None, encoding: str
+) -> tuple[dict[str, tuple[tuple[int, ...], dict[str, np.ndarray]]], dict[str, np.ndarray]]:
+    """`error_feedback_encode` over a fragment: (name -> (shape, entries) for payload.pack_encoded, new residual)."""
+    codec = get_encoding(encoding)
+    encoded, new_residual = {}, {}
+    for name, values in arrays.items():
+        entries, new_residual[name] = error_feedback_encode(
+            values, None if residual is None else residual[name], codec
+        )
+        encoded[name] = (values.shape, entries)
+    return encoded, new_residual

@@ -26,27 +26,53 @@ def digest(data: bytes) -> str:
 
 def pack(arrays: dict[str, np.ndarray], header: dict[str, object], *, encoding: str = "F32") -> bytes:
     """Encode float32 `arrays` with `encoding` and frame them with `header` (values become strings)."""
+    return b"".join(_frame(encode_arrays(arrays, encoding), header, encoding))
+
+
+def pack_encoded(encoded: dict[str, tuple[tuple[int, ...], dict[str, np.ndarray]]], header: dict[str, object],
+                 *, encoding: str) -> bytes:  # fmt: skip
+    """Frame tensors already encoded with `encoding`: name -> (shape, the codec's entries)."""
+    return b"".join(_frame(encoded, header, encoding))
+
+
+def digest_of(arrays: dict[str, np.ndarray], header: dict[str, object], *, encoding: str = "F32") -> str:
+    """The digest `pack` would give, without building the payload: how a node checks parameters it rebuilt."""
+    hasher = hashlib.sha256()
+    for chunk in _frame(encode_arrays(arrays, encoding), header, encoding):
+        hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def encode_arrays(arrays: dict[str, np.ndarray], encoding: str) -> dict[str, tuple[tuple[int, ...], dict]]:
     codec = get_encoding(encoding)
-    entries: dict[str, np.ndarray] = {}
+    encoded = {}
     for name, values in arrays.items():
         try:
-            encoded = codec.encode(values)
+            encoded[name] = (values.shape, codec.encode(values))
         except PayloadError as error:
             raise PayloadError(f"tensor {name!r} cannot be encoded as {encoding}: {error}") from None
-        for suffix, stored in encoded.items():
+    return encoded
+
+
+def _frame(
+    encoded: dict[str, tuple[tuple[int, ...], dict]], header: dict[str, object], encoding: str
+) -> list:
+    entries: dict[str, np.ndarray] = {}
+    for name, (_, parts) in encoded.items():
+        for suffix, stored in parts.items():
             entries[name + suffix] = np.ascontiguousarray(stored)
-    shapes = {name: list(values.shape) for name, values in arrays.items()}
+    shapes = {name: list(shape) for name, (shape, _) in encoded.items()}
     metadata = {"format": FORMAT, "encoding": encoding, "shapes": json.dumps(shapes, sort_keys=True)}
     metadata.update({key: str(value) for key, value in header.items()})
-    return _write(entries, metadata)
+    return _safetensors_chunks(entries, metadata)
 
 
 _CODES = {np.dtype(code): name for name, code in {
     "F32": "<f4", "F16": "<f2", "U8": "u1", "U16": "<u2", "I8": "i1", "I16": "<i2", "I32": "<i4", "U32": "<u4"}.items()}  # fmt: skip
 
 
-def _write(entries: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
-    """A safetensors file, written with one copy of each array and a header in sorted order.
+def _safetensors_chunks(entries: dict[str, np.ndarray], metadata: dict[str, str]) -> list:
+    """The pieces of a safetensors file, a header in sorted order then each array's bytes, uncopied.
 
     safetensors' own writer copies every tensor twice (tobytes, then the output) and orders the metadata
     at random, so equal payloads from two processes would differ; this one is deterministic.
@@ -62,8 +88,8 @@ def _write(entries: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
         offset += array.nbytes
     header = json.dumps(table, separators=(",", ":")).encode()
     header += b" " * (-len(header) % 8)  # align the data to 8 bytes, as safetensors does
-    arrays = (memoryview(np.ascontiguousarray(entries[name])).cast("B") for name in sorted(entries))
-    return b"".join([len(header).to_bytes(8, "little"), header, *arrays])  # one copy of each array
+    arrays = [memoryview(entries[name]).cast("B") for name in sorted(entries)]
+    return [len(header).to_bytes(8, "little"), header, *arrays]
 
 
 # safetensors dtype codes of the entries encodings store, as little-endian numpy dtypes.
