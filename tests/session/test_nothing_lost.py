@@ -24,7 +24,7 @@ def plant_contribution(mailbox, node, arrays_for, *, round_=1, fragment=0, sampl
     sha = payload.digest(data)
     mailbox.put(keys.contribution_payload(fragment, round_, node, sha), data)
     record = {"node": node, "fragment": fragment, "round": round_, "base": round_ - 1, "blob": sha,
-              "samples": samples, "steps": 2, "final": False, "step_seconds": 0.01}  # fmt: skip
+              "samples": samples, "steps": 2, "final": False, "step_seconds": 0.01, "norm": 0.0}  # fmt: skip
     mailbox.put(keys.contribution(fragment, round_, node), records.encode(record))
 
 

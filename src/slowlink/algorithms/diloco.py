@@ -32,6 +32,8 @@ class DiLoCo:
         onto the commit instead, θ ← θ + (Θ − θ_snapshot), so no step is lost when a round is slow.
     outer_lr (η), outer_momentum (μ), nesterov: the outer optimizer.
     merge: how a round's contributions combine; quorum_size: contributions a round waits for.
+    max_norm_ratio: reject a contribution whose Δ's L2 norm exceeds this many times the median of the
+        round's other contributions' norms (with 3 or more contributions); None accepts any norm.
     grace_seconds: how long a round with a quorum waits for other live nodes (None: adaptive).
     global_batch_size: the batch the live nodes share; session.batch_size is this node's part.
     delta_dtype / commit_dtype: wire encodings of contributions and of commits' changes.
@@ -50,6 +52,7 @@ class DiLoCo:
     nesterov: bool = True
     merge: MergeRule = field(default_factory=WeightedMean)
     quorum_size: int = 1
+    max_norm_ratio: float | None = 10.0
     grace_seconds: float | None = None
     global_batch_size: int | None = None
     delta_dtype: str | None = None
@@ -85,6 +88,9 @@ class DiLoCo:
                 "deadlock: a round waiting for several nodes needs every fragment free to publish; "
                 f"use in_flight={self.fragments} (the default) or quorum_size=1"
             )
+        if self.max_norm_ratio is not None:
+            _require_float("max_norm_ratio", self.max_norm_ratio, 1.0, 1e12, lower_open=True,
+                           hint="10 rejects blow-ups, not honest spread; None turns the check off")  # fmt: skip
         if self.grace_seconds is not None:
             _require_float("grace_seconds", self.grace_seconds, 0.0, 3600.0, hint="None adapts to step times")
         if self.global_batch_size is not None:
@@ -129,6 +135,7 @@ class DiLoCo:
             "nesterov": self.nesterov,
             "merge": self.merge.to_dict(),
             "quorum_size": self.quorum_size,
+            "max_norm_ratio": self.max_norm_ratio,
             "grace_seconds": self.grace_seconds,
             "global_batch_size": self.global_batch_size,
             "delta_dtype": self.delta_dtype,

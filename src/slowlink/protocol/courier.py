@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..algorithms.diloco import DiLoCo
+from ..algorithms.robust import l2_norm
 from ..errors import MailboxError, PayloadError, TrainingDiverged
 from ..events import Event
 from ..mailbox.contract import Mailbox
@@ -172,6 +173,7 @@ class Courier:
         delta = item.snapshot
         for name, values in delta.items():
             np.subtract(item.anchor[name], values, out=values)
+        norm = l2_norm(delta)  # reported, so the merger can judge each contribution against the others
         header = self.run.expect(kind="delta", fragment=item.fragment, round=round_, node=self.node_id)
         try:
             data = self._encode(item.fragment, delta, header)
@@ -191,6 +193,7 @@ class Courier:
             "steps": item.steps,
             "final": item.final,
             "step_seconds": item.step_seconds,
+            "norm": norm,
         }
         self.mailbox.put(keys.contribution(item.fragment, round_, self.node_id), records.encode(record))
         self.sent[item.fragment] = round_

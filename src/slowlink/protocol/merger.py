@@ -6,6 +6,7 @@ A round closes when every live node has contributed, or when `quorum_size` contr
 grace window since the quorum has passed. Contributions are streamed into the merge one at a time.
 """
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import numpy as np
 
 from ..algorithms.diloco import DiLoCo
 from ..algorithms.outer import OuterState
+from ..algorithms.robust import l2_norm, norm_outliers
 from ..errors import PayloadError, PreconditionFailed
 from ..events import Event
 from ..mailbox.contract import Mailbox
@@ -32,6 +34,7 @@ class OpenRound:
     accepted: dict[str, dict] = field(default_factory=dict)  # node -> contribution record
     rejected: dict[str, str] = field(default_factory=dict)  # node -> reason
     quorum_at: float | None = None
+    leases_read: bool = False  # read afresh once the quorum is in, so a node that joined since is waited for
 
 
 @dataclass(frozen=True)
@@ -91,10 +94,10 @@ class Merger:
             node = key.rsplit("/", 1)[1].removesuffix(".json")
             if node in current.accepted or node in current.rejected:
                 continue
-            found = self.mailbox.get(key)
-            if found is None or found.data is None:
-                continue
             try:
+                found = self.mailbox.get(key)  # with a run key, an unsigned or forged record fails here
+                if found is None or found.data is None:
+                    continue
                 record = records.decode(found.data, records.CONTRIBUTION_FIELDS, what=key)
                 self._judge(record, node, fragment, current.round)
             except PayloadError as error:
@@ -111,6 +114,8 @@ class Merger:
         if record["base"] != round_ - 1:
             raise PayloadError(f"contribution is anchored at version {record['base']}, but round {round_} "
                                f"builds on version {round_ - 1}")  # fmt: skip
+        if not (math.isfinite(record["norm"]) and record["norm"] >= 0):
+            raise PayloadError(f"contribution reports a norm of {record['norm']}, not a finite number ≥ 0")
         if record["samples"] <= 0 or record["steps"] <= 0:
             raise PayloadError(
                 f"contribution reports {record['steps']} steps and {record['samples']} samples"
@@ -130,7 +135,8 @@ class Merger:
             # Short of the quorum, a round closes only once every live node has reported: read the
             # leases afresh, so that a node that joined a moment ago is waited for.
             return live_nodes(True) <= reported
-        return live_nodes(False) <= reported or self.clock() - current.quorum_at >= self._grace(current)
+        fresh, current.leases_read = not current.leases_read, True
+        return live_nodes(fresh) <= reported or self.clock() - current.quorum_at >= self._grace(current)
 
     def _grace(self, current: OpenRound) -> float:
         if self.algorithm.grace_seconds is not None:
@@ -142,10 +148,16 @@ class Merger:
 
     def _contributions(self, fragment: int, current: OpenRound):
         """Yield (Δ, weight) of each accepted contribution whose payload passes every check, one at a time:
-        each Δ is a view of its payload's bytes, dropped before the next is read."""
+        each Δ is a view of its payload's bytes, dropped before the next is read.
+
+        A Δ's norm is measured from its payload and judged against the median of the norms the other
+        contributors report: a node can misreport only its own norm, and that moves the others' median
+        by at most one rank."""
+        reported = {node: record["norm"] for node, record in current.accepted.items()}
         for node, record in sorted(current.accepted.items()):
             try:
                 delta = self._load_contribution(fragment, current.round, node, record["blob"])
+                self._judge_norm(node, l2_norm(delta), reported)
             except PayloadError as error:
                 self._reject(current, node, str(error))
                 continue
@@ -165,6 +177,14 @@ class Merger:
         if set(delta) != set(self.run.plan[fragment]):
             raise PayloadError(f"delta holds tensors {sorted(delta)}, not fragment {fragment}'s")
         return delta
+
+    def _judge_norm(self, node: str, norm: float, reported: dict[str, float]) -> None:
+        if self.algorithm.max_norm_ratio is None:
+            return
+        others = {other: value for other, value in reported.items() if other != node}
+        reason = norm_outliers(others | {node: norm}, self.algorithm.max_norm_ratio).get(node)
+        if reason is not None:
+            raise PayloadError(reason)
 
     def _outer_state(self, fragment: int, version: int, anchor: Arrays) -> OuterState:
         held = self.outer_states.get(fragment)

@@ -56,6 +56,7 @@ CONTRIBUTION_FIELDS = {
     "steps": int,
     "final": bool,
     "step_seconds": NUMBER,
+    "norm": NUMBER,
 }
 COMMIT_FIELDS = {
     "fragment": int,

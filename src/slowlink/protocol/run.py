@@ -16,6 +16,7 @@ from ..frameworks.base import compare_schemas
 from ..mailbox.contract import Mailbox
 from ..wire import payload
 from . import keys, records
+from .trust import ENVIRONMENT_VARIABLE
 
 FORMAT = "slowlink-run-1"
 Arrays = dict[str, np.ndarray]
@@ -29,6 +30,7 @@ class Run:
     schema_digest: str
     plan: list[list[str]]
     initial: list[str]  # blob sha256 of each fragment's initial parameters (version 0)
+    key_id: str | None = None  # names the run key every record is signed with; None for an unsigned run
 
     def fragment_bytes(self, fragment: int) -> int:
         shapes = {name: shape for name, shape, _ in self.schema}
@@ -67,8 +69,17 @@ def read_run(mailbox: Mailbox) -> Run | None:
     if record["format"] != FORMAT:
         raise PayloadError(f"{keys.RUN} has format {record['format']!r}; this slowlink reads {FORMAT!r}")
     schema = [(name, tuple(shape), dtype) for name, shape, dtype in record["schema"]]
+    key_id = record.get("key_id")
+    if not isinstance(key_id, str | None):
+        raise PayloadError(f"{keys.RUN} field 'key_id' is not a key id")
     return Run(
-        record["run_id"], record["config"], schema, record["schema_digest"], record["plan"], record["initial"]
+        record["run_id"],
+        record["config"],
+        schema,
+        record["schema_digest"],
+        record["plan"],
+        record["initial"],
+        key_id,
     )
 
 
@@ -80,8 +91,10 @@ def open_run(
     schema_digest: str,
     plan: list[list[str]],
     initial: Callable[[], list[Arrays]],
+    key_id: str | None = None,
 ) -> tuple[Run, bool]:
-    """Join the run in `mailbox`, creating it from `initial()` if there is none. Returns (run, created)."""
+    """Join the run in `mailbox`, creating it from `initial()` if there is none. Returns (run, created).
+    key_id: the id of the run key this node signs with (its mailbox is then `trust.Signed`), or None."""
     existing = read_run(mailbox)
     if existing is None:
         run_id = uuid.uuid4().hex
@@ -98,16 +111,22 @@ def open_run(
             "schema_digest": schema_digest,
             "plan": plan,
             "initial": shas,
+            "key_id": key_id,
         }
         try:
             mailbox.put(keys.RUN, records.encode(record), if_absent=True)
-            return Run(run_id, config, schema, schema_digest, plan, shas), True
+            return Run(run_id, config, schema, schema_digest, plan, shas, key_id), True
         except PreconditionFailed:
             existing = read_run(mailbox)
             assert existing is not None
             if existing.run_id == run_id:  # our write landed; only its answer was lost
                 return existing, True
             mailbox.delete([keys.blob(sha) for sha in shas])  # another node created the run first
+    if existing.key_id != key_id:  # a signing node never gets here: it cannot read an unsigned run.json
+        raise RunConfigMismatch(
+            f"this run is signed with run key {existing.key_id}: give every node the same run_key= "
+            f"(or {ENVIRONMENT_VARIABLE})"
+        )
     compare_schemas(schema, existing.schema)
     check_config(config, existing.config)
     return existing, False

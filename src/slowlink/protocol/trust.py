@@ -1,0 +1,106 @@
+"""Run keys: with a secret the run's nodes share, every record a node writes is signed, and a record that
+is unsigned or signed with another key is refused before anyone reads it.
+
+A record's signature is HMAC-SHA256 over its key in the store and its bytes, so a record copied to another
+key (a contribution replayed into a later round) fails too. Payloads need no signature of their own: every
+payload is named by its sha256 in a signed record (contributions, commits, run.json), and readers check it.
+The key protects what enters the model; someone who can write to the store can still delete or stall.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+
+from ..errors import ConfigError, PayloadError
+from ..mailbox.contract import Listing, Mailbox, Object
+
+ENVIRONMENT_VARIABLE = "SLOWLINK_RUN_KEY"
+# The signature is the record's last field: ,"signature":"<key id>:<hmac>"} — found and cut by position.
+_SIGNATURE = re.compile(rb',"signature":"([0-9a-f]{16}):([0-9a-f]{64})"}$')
+
+
+class RunKey:
+    """The secret of one run. `key_id` names it without revealing it, so a mismatch can be reported."""
+
+    def __init__(self, secret: str | bytes) -> None:
+        if isinstance(secret, str):
+            secret = secret.encode()
+        if not isinstance(secret, bytes) or len(secret) < 16:
+            raise ConfigError(
+                "run_key must be a secret of at least 16 bytes shared by every node of the run, e.g. "
+                "python -c 'import secrets; print(secrets.token_hex(32))'"
+            )
+        self._secret = secret
+        self.key_id = hmac.new(secret, b"slowlink run key id", hashlib.sha256).hexdigest()[:16]
+
+    @classmethod
+    def resolve(cls, run_key: str | bytes | RunKey | None) -> RunKey | None:
+        """The run key given, else the one in SLOWLINK_RUN_KEY, else None (an unsigned run)."""
+        if isinstance(run_key, RunKey):
+            return run_key
+        if run_key is None:
+            run_key = os.environ.get(ENVIRONMENT_VARIABLE) or None
+        return None if run_key is None else cls(run_key)
+
+    def _mac(self, key: str, body: bytes) -> str:
+        return hmac.new(self._secret, key.encode() + b"\n" + body, hashlib.sha256).hexdigest()
+
+    def sign(self, key: str, body: bytes) -> bytes:
+        """The JSON object `body` with a signature field added as its last field."""
+        if not (body.startswith(b"{") and body.endswith(b"}")) or body == b"{}":
+            raise ValueError(f"only non-empty JSON objects are signed, not {body[:40]!r} at {key}")
+        return body[:-1] + f',"signature":"{self.key_id}:{self._mac(key, body)}"}}'.encode()
+
+    def verify(self, key: str, data: bytes) -> bytes:
+        """The record as it was signed, without its signature; PayloadError if unsigned or forged."""
+        match = _SIGNATURE.search(data)
+        if match is None:
+            raise PayloadError(
+                f"{key} is unsigned, but this node signs and checks every record with a run key (a run created "
+                "without run_key takes none: drop it, or start a new run under a new prefix)"
+            )
+        body = data[: match.start()] + b"}"
+        key_id, mac = match.group(1).decode(), match.group(2).decode()
+        if key_id != self.key_id:
+            raise PayloadError(
+                f"{key} is signed with run key {key_id}, not this node's {self.key_id}: every node of a run "
+                "needs the same run_key (or SLOWLINK_RUN_KEY)"
+            )
+        if not hmac.compare_digest(mac, self._mac(key, body)):
+            raise PayloadError(
+                f"{key} has a forged signature: its bytes or its place differ from what was signed"
+            )
+        return body
+
+
+class Signed:
+    """A mailbox wrapper that signs every record (`.json` key) written and verifies every record read."""
+
+    def __init__(self, inner: Mailbox, run_key: RunKey) -> None:
+        self.inner, self.run_key = inner, run_key
+
+    def put(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> str:
+        if key.endswith(".json"):
+            data = self.run_key.sign(key, data)
+        return self.inner.put(key, data, if_absent=if_absent, if_match=if_match)
+
+    def get(self, key: str, *, if_none_match: str | None = None) -> Object | None:
+        found = self.inner.get(key, if_none_match=if_none_match)
+        if found is None or found.data is None or not key.endswith(".json"):
+            return found
+        return Object(self.run_key.verify(key, found.data), found.etag)
+
+    def list(self, prefix: str, *, start_after: str | None = None) -> list[Listing]:
+        return self.inner.list(prefix, start_after=start_after)
+
+    def delete(self, keys: list[str]) -> None:
+        self.inner.delete(keys)
+
+    def clock(self) -> float:
+        return self.inner.clock()
+
+    def __getattr__(self, name: str):  # counters of the wrapped mailbox (requests, bytes) stay readable
+        return getattr(self.inner, name)
