@@ -77,11 +77,12 @@ class Leadership:
                 return None
             try:
                 self._etag = self.mailbox.put(keys.LEADER, self._record(self.term), if_match=self._etag)
-                self._renewed_at = now
-                return None
             except PreconditionFailed:
-                self.is_leader = False  # another node took over: we were too slow to renew
-                return "lost"
+                if not self._renewal_landed():
+                    self.is_leader = False  # another node took over: we were too slow to renew
+                    return "lost"
+            self._renewed_at = now
+            return None
         found = self.mailbox.get(keys.LEADER, if_none_match=self._etag)
         if found is None:
             return self._take(1, if_absent=True)
@@ -97,6 +98,19 @@ class Leadership:
         if now - self._changed_at >= self.lease_seconds:
             return self._take(self.term + 1, if_match=self._etag)
         return None
+
+    def _renewal_landed(self) -> bool:
+        """After a renewal refused for its etag: an earlier renewal of ours may have landed with its answer
+        lost, moving the etag we hold. leader.json naming this node in this term is that write (a takeover
+        names another node, and this node's restart a later term), so we adopt its etag and stay leader."""
+        found = self.mailbox.get(keys.LEADER)
+        if found is None or found.data is None:
+            return False
+        record = records.decode(found.data, records.LEADER_FIELDS, what=keys.LEADER)
+        if record["node"] != self.node_id or record["term"] != self.term:
+            return False
+        self._etag = found.etag
+        return True
 
     def _take(self, term: int, *, if_absent: bool = False, if_match: str | None = None) -> str | None:
         try:
