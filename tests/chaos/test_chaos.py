@@ -1,0 +1,83 @@
+"""The chaos benchmark in small form: four learner processes over a faulty DirMailbox and a faulty S3 store,
+the leader SIGKILLed and restarted under its node id, a late joiner; the benchmark's checks must all hold.
+The code is benchmarks/chaos.py's; `python benchmarks/chaos.py` runs the full set of seeded schedules."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+for path in (str(ROOT / "benchmarks"), str(ROOT)):  # the benchmark's modules, and tests/s3server.py
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+import chaos  # noqa: E402
+from chaos_checks import LifeRecord, Outcome, known_bug, match_contributors  # noqa: E402
+from chaos_schedule import Action, Schedule, make_schedule  # noqa: E402
+
+from tests.s3server import s3_endpoint  # noqa: E402, F401
+
+NODES = ("node-0", "node-1", "node-2", "node-3")
+# Three nodes start; a second after the first commit the leader is killed and restarted a second after
+# that, under the same node id; node-3 joins late.
+SCHEDULE = Schedule(
+    seed=7,
+    nodes=NODES,
+    first=NODES[:3],
+    actions=(Action("join", 0.5, node="node-3"), Action("kill_leader", 1.0, restart_after=1.0)),
+)
+STEPS = 200
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("store", ["dir", "s3"])
+def test_a_run_survives_its_leader_killed_and_restarted_while_requests_fail(store, tmp_path, request):
+    endpoint = request.getfixturevalue("s3_endpoint") if store == "s3" else None
+    outcome = chaos.run_schedule(SCHEDULE, store, tmp_path, steps=STEPS, endpoint=endpoint)
+    assert (outcome.kills, outcome.leader_kills, outcome.restarts, outcome.joins) == (1, 1, 1, 1)
+    assert sum(outcome.faults_finished.values()) > 0  # the faults were really injected
+    assert outcome.rounds >= 4
+    assert outcome.loss_final < outcome.loss_initial - 0.5, (outcome.loss_initial, outcome.loss_final)
+    # Every check of the benchmark: exits, unbroken commits, contributors matched to what their nodes
+    # sent and none twice, every trained step accounted for, a finite model that learned. A failure that
+    # a known bug in src/slowlink explains (chaos_checks.KNOWN_BUGS) is reported as an expected failure.
+    unknown = [failure for failure in outcome.failures if known_bug(failure) is None]
+    assert unknown == [], "\n".join(unknown)
+    if outcome.failures:
+        pytest.xfail("known bugs in src/slowlink: " + " | ".join(outcome.failures))
+
+
+def test_the_checks_flag_a_commit_counting_a_contribution_its_node_never_sent():
+    # node-0 logged one contribution, to fragment 0 round 1 with 20 steps. Commit 0/1 counts it; commit
+    # 0/2 counts node-0 again with the same steps (a contribution used twice); commit 1/1 counts node-1,
+    # which sent nothing and was never killed.
+    sent = {"kind": "contribution_sent", "data": {"fragment": 0, "round": 1, "step": 20, "steps": 20}}
+    lives = [
+        LifeRecord("node-0", 0, False, 0, 9.0, [sent], None, ""),
+        LifeRecord("node-1", 0, False, 0, 9.0, [], None, ""),
+    ]
+    commits = {
+        (0, 1): {"contributors": [{"node": "node-0", "steps": 20}]},
+        (0, 2): {"contributors": [{"node": "node-0", "steps": 20}]},
+        (1, 1): {"contributors": [{"node": "node-1", "steps": 20}]},
+    }
+    outcome = Outcome()
+    merged = match_contributors(commits, lives, outcome)
+    assert merged == {(0, 0): [sent["data"]]}
+    assert [failure.split(" counts ")[0] for failure in outcome.failures] == [
+        "contributors: commit 0/2",
+        "contributors: commit 1/1",
+    ]
+
+
+def test_a_schedule_is_a_function_of_its_seed_and_always_kills_the_leader_and_restarts():
+    for seed in range(50):
+        schedule = make_schedule(seed)
+        assert schedule == make_schedule(seed)
+        kinds = [action.kind for action in schedule.actions]
+        assert "kill_leader" in kinds and 2 <= kinds.count("kill") + kinds.count("kill_leader") <= 3
+        assert any(action.restart_after is not None for action in schedule.actions)
+        late = {action.node for action in schedule.actions if action.kind == "join"}
+        assert late and late.isdisjoint(schedule.first) and late | set(schedule.first) == set(NODES)
+    assert make_schedule(0) != make_schedule(1)
