@@ -1,0 +1,32 @@
+"""Garbage collection keeps exactly what joiners and a new merger may need: the blobs of each fragment's
+newest GC_KEEP_COMMITS commits and the run's initial blobs; round folders go once their round is merged."""
+
+import slowlink as sl
+from slowlink.protocol import keys
+from slowlink.protocol.merger import GC_KEEP_COMMITS
+from slowlink.protocol.run import read_commit, read_head, read_run
+
+from .nodes import run_nodes, tiny_mlp
+
+
+def test_only_the_newest_commits_blobs_and_the_initial_ones_remain_and_a_joiner_can_use_them():
+    mailbox = sl.MemoryMailbox()
+    # Momentum and commit_dtype: every commit names three blobs (parameters, outer state, change).
+    algorithm = sl.DiLoCo(sync_every=2, fragments=2, quorum_size=2, overlap_steps=0, commit_dtype="BF16")
+    run_nodes(2, algorithm, mailbox, 24, lr=0.05)
+    head, _ = read_head(mailbox, 2)
+    assert min(head) >= 11  # a dozen rounds per fragment: three times over what is kept
+    run = read_run(mailbox)
+    expected = set(run.initial)
+    for fragment in range(2):
+        for round_ in range(1, head[fragment] + 1):
+            record = read_commit(mailbox, fragment, round_)  # the history itself is never collected
+            assert record is not None
+            if round_ > head[fragment] - GC_KEEP_COMMITS:
+                expected |= {record["params"], record["outer_state"], record["change"]}
+    stored = {listing.key.removeprefix("blobs/") for listing in mailbox.list("blobs/")}
+    assert stored == expected  # nothing needed is gone, nothing else is left
+    folders = {listing.key.rsplit("/", 1)[0] + "/" for listing in mailbox.list(keys.ROUNDS)}
+    assert folders <= {keys.round_folder(fragment, head[fragment]) for fragment in range(2)}
+    joiner = tiny_mlp(seed=5)
+    assert sl.align(joiner, mailbox=mailbox) == {0: head[0], 1: head[1]}
