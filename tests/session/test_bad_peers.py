@@ -30,11 +30,11 @@ def plant(mailbox, node: str, arrays: dict, *, round_: int = 1, header: dict | N
     mailbox.put(keys.contribution(0, round_, node), records.encode(record))
 
 
-def honest_round_with(bad) -> tuple[dict, list[torch.nn.Module], sl.MemoryMailbox]:
+def honest_round_with(bad, **options) -> tuple[dict, list[torch.nn.Module], sl.MemoryMailbox]:
     """Two honest nodes train one round (H=2) while `bad(mailbox, run)` plants a contribution to it."""
     mailbox = sl.MemoryMailbox()
     # grace_seconds: the round waits for both honest nodes, so the bad one is judged among three.
-    algorithm = sl.DiLoCo(sync_every=2, grace_seconds=30.0)
+    algorithm = sl.DiLoCo(sync_every=2, grace_seconds=30.0, outer_lr=1.0, outer_momentum=0.0, **options)
     models = [tiny_mlp(), tiny_mlp()]
     with sl.Session(
         models[0], algorithm=algorithm, mailbox=mailbox, node_id="good-0", poll_seconds=0.005
@@ -102,3 +102,25 @@ def test_a_bad_contribution_is_left_out_with_its_reason_and_the_model_stays_fini
     committed = tiny_mlp(seed=3)
     sl.align(committed, mailbox=mailbox)
     assert all(torch.isfinite(p).all() for p in committed.parameters())
+
+
+def test_a_trimmed_mean_merges_a_huge_contribution_without_being_moved_by_it():
+    # The norm check off: the robust merge alone must hold. Of three, trim=0.34 keeps each coordinate's median.
+    record, models, mailbox = honest_round_with(
+        lambda mailbox, run: plant(mailbox, "bad", zeros(run, 1e6)), merge=sl.TrimmedMean(trim=0.34),
+        max_norm_ratio=None,
+    )  # fmt: skip
+    assert sorted(c["node"] for c in record["contributors"]) == ["bad", "good-0", "good-1"]
+    committed = tiny_mlp(seed=3)
+    sl.align(committed, mailbox=mailbox)
+    start = tiny_mlp()
+    replicas = [tiny_mlp(), tiny_mlp()]  # the honest nodes' round, replayed: their own Θ0 − Δ_m
+    for node, replica in enumerate(replicas):
+        for batch in batches(node, 2):
+            sgd_step(replica, batch, 0.1)
+    # Θ = Θ0 − median(Δ): each committed value lies between the two honest nodes' own values.
+    for name, value in committed.named_parameters():
+        honest = torch.stack([dict(replica.named_parameters())[name] for replica in replicas])
+        low, high = honest.min(dim=0).values, honest.max(dim=0).values
+        assert (value >= low - 1e-6).all() and (value <= high + 1e-6).all(), name
+        assert not torch.equal(value, dict(start.named_parameters())[name])
