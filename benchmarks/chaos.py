@@ -33,7 +33,7 @@ LEASE_SECONDS = 3.0
 # has passed, so a killed node never holds a round up; only the leader's death stalls commits, for a lease.
 ALGORITHM = {"sync_every": 20, "fragments": FRAGMENTS, "quorum_size": 1, "outer_lr": 0.7, "outer_momentum": 0.9,
              "flush_on_close": True}  # fmt: skip
-SESSION = {"lease_seconds": LEASE_SECONDS, "poll_seconds": 0.1, "close_timeout": 15.0}
+SESSION = {"lease_seconds": LEASE_SECONDS, "poll_seconds": 0.1, "close_timeout": 10.0}
 # About 10% of requests fail: 6% at once (half of the failed writes after the store applied them), 2% after
 # a 0.25 s timeout, and 2% of GET answers come back cut short.
 FAULTS = {"error_rate": 0.06, "timeout_rate": 0.02, "partial_rate": 0.02, "timeout": 0.25}
@@ -110,17 +110,16 @@ def report(results: list[tuple[int, str, Outcome]], steps: int) -> str:
     bugs = [f'- "{phrase}": {bug}' for phrase, bug in KNOWN_BUGS.items()]
     notes = [f"- seed {seed} ({store}): {note}" for seed, store, o in results for note in o.notes]
     return f"""Four learner processes (the demo's tiny GPT, one thread each, batch {BATCH}, {steps} steps a life) train
-one model over a DirMailbox and over S3 (moto's server on 127.0.0.1), each through
-`Faulty(error_rate={FAULTS["error_rate"]}, timeout_rate={FAULTS["timeout_rate"]}, timeout={FAULTS["timeout"]},
-partial_rate={FAULTS["partial_rate"]})`: about 10% of requests fail, half of the failed writes after the store
-applied them. `DiLoCo({", ".join(f"{k}={v}" for k, v in ALGORITHM.items())})`,
+one model over a DirMailbox and over S3 (moto's server on 127.0.0.1), each learner's store wrapped in
+`Faulty({", ".join(f"{k}={v}" for k, v in FAULTS.items())})`: about 10% of requests fail, half of the failed
+writes after the store applied them. `DiLoCo({", ".join(f"{k}={v}" for k, v in ALGORITHM.items())})`,
 `Session(lease_seconds={LEASE_SECONDS}, poll_seconds={SESSION["poll_seconds"]}, close_timeout={SESSION["close_timeout"]})`.
 Each seeded schedule starts two or three nodes, joins the others late, and SIGKILLs two or three running
-nodes (at least one of them the leader named in leader.json) within 12 s of the first commit; most are
+nodes (at least one of them the leader named in leader.json) within 10 s of the first commit; most are
 restarted under the same node id, some within the lease and some after it.
 
 Checks after each schedule, from the store and the learners' logs: every life not killed exited 0 after
-its steps; each fragment's commits run 1..n unbroken; every contributor of a commit logged sending that
+its steps; each fragment's commits run 1..n unbroken, n being what head.json names; every contributor of a commit logged sending that
 contribution, none counted twice; every life that exited accounts for each fragment-step it trained
 (merged, or reported in `steps_unmerged`); the committed model is finite and its held-out loss is below
 the initial model's.
@@ -154,7 +153,7 @@ def main() -> None:
     parser.add_argument("--schedules", type=int, default=20, help="schedules per store")
     parser.add_argument("--store", choices=["dir", "s3", "both"], default="both")
     parser.add_argument("--seed", type=int, default=0, help="the first schedule's seed")
-    parser.add_argument("--steps", type=int, default=400, help="training steps of each learner's life")
+    parser.add_argument("--steps", type=int, default=500, help="training steps of each learner's life")
     args = parser.parse_args()
     stores = ["dir", "s3"] if args.store == "both" else [args.store]
     results = []

@@ -32,6 +32,10 @@ KNOWN_BUGS = {
     "commit exists (its own earlier attempt, whose head.json update failed) and the record differs (the "
     "accepted contributions changed since), the leader returns without advancing head.json and retries the "
     "same round forever; nobody adopts the commit until the leadership changes",
+    "each life takes it for its own": "protocol/courier.py and merger.py: a node restarted under the same id "
+    "that contributes to a round its previous life contributed to overwrites the record's key; the merger "
+    "has already accepted the previous life's record and commits it, and the new life, finding its node id "
+    "among the contributors, takes its own contribution for merged: its steps are lost without a word",
     "named only after it gave up": "session.py counts contributions still awaiting their commit at "
     "close_timeout as dropped, though their records stay in the store and may be merged later (here the "
     "wait came from the merger.py bug above)",
@@ -130,8 +134,8 @@ def check(played, mailbox, *, fragments: int, steps: int) -> Outcome:
     count_actions(played, outcome)
     check_exits(played, lives, steps, outcome)
     commits = read_commits(mailbox, fragments, outcome)
-    merged = match_contributors(commits, lives, outcome)
-    check_accounting(played, lives, merged, fragments, outcome)
+    merged, unused = match_contributors(commits, lives, outcome)
+    check_accounting(played, lives, commits, merged, unused, fragments, outcome)
     check_model(mailbox, outcome)
     measure(played, lives, commits, merged, fragments, outcome)
     return outcome
@@ -185,20 +189,22 @@ def read_commits(mailbox, fragments: int, outcome: Outcome) -> dict[tuple[int, i
     return commits
 
 
-def match_contributors(commits: dict, lives: list[LifeRecord], outcome: Outcome) -> dict:
+def match_contributors(commits: dict, lives: list[LifeRecord], outcome: Outcome) -> tuple[dict, list]:
     """Pair each commit's contributors with a logged contribution_sent of that node for that fragment and
-    round, with the same steps; each logged contribution pairs once. Returns (life index, fragment) ->
-    the contributions merged, as their logged data."""
+    round, with the same steps; each logged contribution pairs once. Returns the merged contributions by
+    (life index, fragment), as their logged data, and each life's logged contributions left unpaired."""
     unused = [list(life.sent()) for life in lives]
     merged: dict[tuple[int, int], list[dict]] = {}
     for (fragment, round_), record in sorted(commits.items()):
         for contributor in record["contributors"]:
-            node, want = contributor["node"], (fragment, round_, contributor["steps"])
-            match = next(
-                ((i, sent) for i, life in enumerate(lives) if life.node == node for sent in unused[i]
-                 if (sent["fragment"], sent["round"], sent["steps"]) == want),
-                None,
-            )  # fmt: skip
+            node = contributor["node"]
+            candidates = [(i, sent) for i, life in enumerate(lives) if life.node == node for sent in unused[i]
+                          if (sent["fragment"], sent["round"]) == (fragment, round_)]  # fmt: skip
+            if len({i for i, _ in candidates}) > 1:
+                outcome.fail("contributors", f"commit {fragment}/{round_}: {len(candidates)} lives of {node} sent "
+                             f"a contribution to it under the one key {keys.contribution(fragment, round_, node)}; "
+                             "the commit holds one, and each life takes it for its own")  # fmt: skip
+            match = next(((i, sent) for i, sent in candidates if sent["steps"] == contributor["steps"]), None)
             if match is not None:
                 unused[match[0]].remove(match[1])
                 merged.setdefault((match[0], fragment), []).append(match[1])
@@ -209,9 +215,9 @@ def match_contributors(commits: dict, lives: list[LifeRecord], outcome: Outcome)
                     f"commit {fragment}/{round_}: {node}'s contribution was sent as it was killed"
                 )
             else:
-                outcome.fail("contributors", f"commit {fragment}/{round_} counts {node} ({contributor['steps']} steps), "
-                                        f"which never logged sending it: {why}")  # fmt: skip
-    return merged
+                outcome.fail("contributors", f"commit {fragment}/{round_} counts {node} ({contributor['steps']} "
+                             f"steps), which never logged sending it: {why}")  # fmt: skip
+    return merged, unused
 
 
 def explain_unlogged(lives: list[LifeRecord], node: str, fragment: int, round_: int) -> str | None:
@@ -232,7 +238,8 @@ def explain_unlogged(lives: list[LifeRecord], node: str, fragment: int, round_: 
     return "no lost answer or kill explains it"
 
 
-def check_accounting(played, lives: list[LifeRecord], merged: dict, fragments: int, outcome: Outcome) -> None:
+def check_accounting(played, lives: list[LifeRecord], commits: dict, merged: dict, unused: list,
+                     fragments: int, outcome: Outcome) -> None:  # fmt: skip
     """Nothing silently lost, nothing counted twice: a life that finished trained steps × fragments
     fragment-steps, and each is either in a merged contribution or in its steps_unmerged."""
     for index, life in enumerate(lives):
@@ -250,16 +257,22 @@ def check_accounting(played, lives: list[LifeRecord], merged: dict, fragments: i
         )
         late = sum(sent["steps"] for sent in contributions
                    if played.commit_times.get((sent["fragment"], sent["round"]), math.inf) > gave_up)  # fmt: skip
-        why = (
-            f"{late} of them are in commits that head.json named only after it gave up waiting at close_timeout "
-            "(or never): it reported them as dropped, but their records stayed in the store and were merged"
-            if late and in_commits + stats["steps_unmerged"] - late == trained
-            else "merged + unmerged must equal trained"
-        )
+        # Its own contributions left unpaired in a commit that names its node: another life's was merged.
+        taken = sum(sent["steps"] for sent in unused[index]
+                    if any(c["node"] == life.node for c in commits.get((sent["fragment"], sent["round"]), {}).get("contributors", [])))  # fmt: skip
+        reasons = []
+        if late:
+            reasons.append(f"{late} of them are in commits that head.json named only after it gave up waiting at "
+                           "close_timeout (or never): it reported them as dropped, but they were merged")  # fmt: skip
+        if taken:
+            reasons.append(f"{taken} more it took for merged, but the commit holds another life's contribution "
+                           "under its node id: lost without a word")  # fmt: skip
+        explained = reasons and in_commits + stats["steps_unmerged"] - late + taken == trained
         outcome.fail(
             "accounting",
-            f"{life.name} trained {stats['step']} steps × {fragments} fragments = {trained} fragment-steps, "
-            f"but commits hold {in_commits} of them and it reports {stats['steps_unmerged']} unmerged: {why}",
+            f"{life.name} trained {stats['step']} steps × {fragments} fragments = {trained} fragment-steps, but "
+            f"commits hold {in_commits} of them and it reports {stats['steps_unmerged']} unmerged: "
+            + ("; ".join(reasons) if explained else "merged + unmerged must equal trained"),
         )
 
 
@@ -301,17 +314,20 @@ def measure(
 
 
 def longest_stall(played, lives: list[LifeRecord], fragments: int) -> tuple[float, str]:
-    """The longest time between two consecutive commits of one fragment (as head.json showed them), and
-    what happened in it, from the schedule and the logs."""
-    gaps = [
-        (played.commit_times[f, r + 1] - played.commit_times[f, r], f, r)
-        for f, r in played.commit_times
-        if (f, r + 1) in played.commit_times
-    ]
+    """The longest wait for a fragment's next commit, as head.json showed them: between two commits, or
+    from the last one to the run's end while a further commit sat in the store unnamed; and what happened
+    in it, from the schedule and the logs."""
+    gaps = []
+    for (f, r), start in played.commit_times.items():
+        if (f, r + 1) in played.commit_times:
+            gaps.append((played.commit_times[f, r + 1] - start, f, r))
+        elif (f, r + 1) in played.written_times:
+            gaps.append((played.seconds - start, f, r))
     if not gaps:
         return 0.0, "fewer than two commits"
     seconds, fragment, round_ = max(gaps)
-    start, end = played.commit_times[fragment, round_], played.commit_times[fragment, round_ + 1]
+    start = played.commit_times[fragment, round_]
+    end = start + seconds
     causes = []
     for when, kind, node in played.done:
         if kind in ("kill", "kill_leader") and start - 1.0 <= when <= end:
@@ -320,8 +336,9 @@ def longest_stall(played, lives: list[LifeRecord], fragments: int) -> tuple[floa
                           + (f", {took[1]} leading from t={took[0]:.1f}s" if kind == "kill_leader" and took else ""))  # fmt: skip
     written = played.written_times.get((fragment, round_ + 1))
     if written is not None and end - written > 1.0:
+        named = f"only at t={end:.1f}s" if (fragment, round_ + 1) in played.commit_times else "never"
         causes.append(f"commit {fragment}/{round_ + 1} was in the store from t={written:.1f}s, but head.json "
-                      f"named it only at t={end:.1f}s")  # fmt: skip
+                      f"named it {named}")  # fmt: skip
     commit_key = keys.commit(fragment, round_ + 1)
     errors = 0
     for life in lives:

@@ -40,7 +40,7 @@ class Schedule:
     actions: tuple[Action, ...]
 
 
-def make_schedule(seed: int, *, nodes: int = 4, lease_seconds: float = 3.0, span: float = 12.0) -> Schedule:
+def make_schedule(seed: int, *, nodes: int = 4, lease_seconds: float = 3.0, span: float = 10.0) -> Schedule:
     """One or two late joiners and two or three kills (at least one of the leader) within `span` seconds
     of the first commit; most kills are followed by a restart, some within the lease (the node takes its
     own leadership back), some after it (another node has taken over)."""

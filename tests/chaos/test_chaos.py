@@ -63,12 +63,30 @@ def test_the_checks_flag_a_commit_counting_a_contribution_its_node_never_sent():
         (1, 1): {"contributors": [{"node": "node-1", "steps": 20}]},
     }
     outcome = Outcome()
-    merged = match_contributors(commits, lives, outcome)
-    assert merged == {(0, 0): [sent["data"]]}
+    merged, unpaired = match_contributors(commits, lives, outcome)
+    assert merged == {(0, 0): [sent["data"]]} and unpaired == [[], []]
     assert [failure.split(" counts ")[0] for failure in outcome.failures] == [
         "contributors: commit 0/2",
         "contributors: commit 1/1",
     ]
+
+
+def test_the_checks_flag_two_lives_of_one_node_contributing_to_one_round():
+    # node-0 sent 20 steps to fragment 0 round 1, was killed, and its restarted life sent 10 steps to the
+    # same round under the same key. The commit holds the first life's 20 steps; the second life's 10 are
+    # left unpaired, though that life saw its node id among the commit's contributors.
+    first = {"kind": "contribution_sent", "data": {"fragment": 0, "round": 1, "step": 20, "steps": 20}}
+    second = {"kind": "contribution_sent", "data": {"fragment": 0, "round": 1, "step": 10, "steps": 10}}
+    lives = [
+        LifeRecord("node-0", 0, True, -9, 5.0, [first], None, ""),
+        LifeRecord("node-0", 1, False, 0, 9.0, [second], None, ""),
+    ]
+    outcome = Outcome()
+    merged, unpaired = match_contributors(
+        {(0, 1): {"contributors": [{"node": "node-0", "steps": 20}]}}, lives, outcome
+    )
+    assert merged == {(0, 0): [first["data"]]} and unpaired == [[], [second["data"]]]
+    assert len(outcome.failures) == 1 and "each life takes it for its own" in outcome.failures[0]
 
 
 def test_a_schedule_is_a_function_of_its_seed_and_always_kills_the_leader_and_restarts():
