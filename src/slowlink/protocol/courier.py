@@ -43,6 +43,9 @@ class Contribution:
     samples: int
     final: bool
     step_seconds: float
+    prepared: tuple[bytes, str, float] | None = (
+        None  # (payload, sha256, norm) once encoded: a retry resends them
+    )
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,10 @@ class Courier:
         self.leadership = Leadership(mailbox, node_id, lease_seconds)
         self.liveness = Liveness(lease_seconds)
         self.merger = Merger(mailbox, run, algorithm, node_id, emit)
-        self.sent: dict[int, int] = {}  # fragment -> round of this node's contribution awaiting its commit
+        # fragment -> (round, payload sha) of this node's contribution awaiting its commit: the sha tells this
+        # contribution from one of an earlier life of the node under the same id.
+        self.sent: dict[int, tuple[int, str]] = {}
+        self._unsent: Contribution | None = None  # an upload that failed, tried again on the next turn
         self.head = [version for version, _ in (latest[q] for q in range(len(run.plan)))]
         self._head_etag: str | None = None
         self._beat = 0
@@ -159,29 +165,27 @@ class Courier:
 
     def _send_contributions(self) -> None:
         while True:
-            try:
-                item = self.outbox.get_nowait()
-            except queue.Empty:
-                return
+            item, self._unsent = self._unsent, None
+            if item is None:
+                try:
+                    item = self.outbox.get_nowait()
+                except queue.Empty:
+                    return
             if item.base < self.latest[item.fragment][0]:
                 continue  # its round is already committed; the training thread carries these steps over
-            self._upload(item)
+            try:
+                self._upload(item)
+            except MailboxError:
+                self._unsent = (
+                    item  # the same bytes under the same keys next turn: a retry cannot count twice
+                )
+                raise
 
     def _upload(self, item: Contribution) -> None:
         round_ = item.base + 1
-        # Δ = θ_anchor − θ_local, computed in the snapshot's own buffer: no second copy of the fragment.
-        delta = item.snapshot
-        for name, values in delta.items():
-            np.subtract(item.anchor[name], values, out=values)
-        norm = l2_norm(delta)  # reported, so the merger can judge each contribution against the others
-        header = self.run.expect(kind="delta", fragment=item.fragment, round=round_, node=self.node_id)
-        try:
-            data = self._encode(item.fragment, delta, header)
-        except PayloadError as error:  # raised in the training thread by the next session.step()
-            raise TrainingDiverged(
-                f"fragment {item.fragment}'s contribution after local step {item.step} cannot be sent: {error}"
-            ) from None
-        sha = payload.digest(data)
+        if item.prepared is None:
+            item.prepared = self._prepare(item, round_)
+        data, sha, norm = item.prepared
         self.mailbox.put(keys.contribution_payload(item.fragment, round_, self.node_id, sha), data)
         record = {
             "node": self.node_id,
@@ -195,12 +199,28 @@ class Courier:
             "step_seconds": item.step_seconds,
             "norm": norm,
         }
+        # Awaited from before the record's PUT: if it lands with its answer lost, the commit naming it is ours.
+        self.sent[item.fragment] = (round_, sha)
         self.mailbox.put(keys.contribution(item.fragment, round_, self.node_id), records.encode(record))
-        self.sent[item.fragment] = round_
         self.emit(Event("contribution_sent", self.node_id,
                         f"fragment {item.fragment} round {round_}: {item.steps} steps, {len(data)} bytes",
                         {"fragment": item.fragment, "round": round_, "step": item.step, "steps": item.steps,
                          "bytes": len(data)}))  # fmt: skip
+
+    def _prepare(self, item: Contribution, round_: int) -> tuple[bytes, str, float]:
+        # Δ = θ_anchor − θ_local, computed in the snapshot's own buffer: no second copy of the fragment.
+        delta = item.snapshot
+        for name, values in delta.items():
+            np.subtract(item.anchor[name], values, out=values)
+        norm = l2_norm(delta)  # reported, so the merger can judge each contribution against the others
+        header = self.run.expect(kind="delta", fragment=item.fragment, round=round_, node=self.node_id)
+        try:
+            data = self._encode(item.fragment, delta, header)
+        except PayloadError as error:  # raised in the training thread by the next session.step()
+            raise TrainingDiverged(
+                f"fragment {item.fragment}'s contribution after local step {item.step} cannot be sent: {error}"
+            ) from None
+        return data, payload.digest(data), norm
 
     def _encode(self, fragment: int, delta: Arrays, header: dict) -> bytes:
         if self.algorithm.error_feedback:
@@ -255,13 +275,14 @@ class Courier:
         self.inbox.put(Alignment(fragment, version, params, self._fate_of_mine(fragment, version, record)))
 
     def _fate_of_mine(self, fragment: int, version: int, record: dict) -> str | None:
-        round_ = self.sent.get(fragment)
-        if round_ is None or round_ > version:
+        awaited = self.sent.get(fragment)
+        if awaited is None or awaited[0] > version:
             return None
         del self.sent[fragment]
+        round_, sha = awaited
         if round_ != version:
             record = read_commit(self.mailbox, fragment, round_) or {"contributors": []}
-        merged = any(c.get("node") == self.node_id for c in record["contributors"])
+        merged = any(c.get("node") == self.node_id and c.get("blob") == sha for c in record["contributors"])
         residual = self.residual_in_flight.pop(fragment, None)
         if merged and residual is not None:
             self.residual[fragment] = residual  # what this contribution's encoding lost goes into the next

@@ -237,6 +237,7 @@ class Merger:
             "contributors": [
                 {
                     "node": node,
+                    "blob": r["blob"],
                     "samples": r["samples"],
                     "steps": r["steps"],
                     "final": r["final"],
@@ -257,8 +258,21 @@ class Merger:
             # (a retried create-once then sees our object): the record says which.
             existing = read_commit(self.mailbox, fragment, current.round)
             if existing is None or existing["params"] != params_sha:
-                self.mailbox.delete([keys.blob(sha) for sha in (params_sha, outer_sha, change_sha) if sha])
-                return None  # another leader's commit; we adopt it through head.json
+                theirs = (
+                    {existing[field] for field in ("params", "outer_state", "change")} if existing else set()
+                )
+                self.mailbox.delete(
+                    [
+                        keys.blob(sha)
+                        for sha in (params_sha, outer_sha, change_sha)
+                        if sha and sha not in theirs
+                    ]
+                )
+                if (
+                    existing is not None
+                ):  # whoever wrote it may have died before moving head.json: move it for them
+                    advance_head(self.mailbox, len(self.run.plan), fragment, current.round)
+                return None  # that commit is the round's; this node fetches it like any other
         advance_head(self.mailbox, len(self.run.plan), fragment, current.round)
         self.outer_states[fragment] = (current.round, state)
         self.emit(Event("round_committed", self.node_id,

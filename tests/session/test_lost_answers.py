@@ -1,0 +1,86 @@
+"""Writes that land while their answer is lost, or that fail, never make work count twice or stall a run:
+a contribution whose record landed unanswered is recognised as merged, and a commit whose head.json update
+failed is adopted when the merger tries the round again with other contributions."""
+
+import numpy as np
+import torch
+
+import slowlink as sl
+from slowlink.errors import MailboxUnavailable
+from slowlink.events import Event
+from slowlink.protocol import keys, records
+from slowlink.protocol.merger import Merger
+from slowlink.protocol.run import open_run, read_commit, read_head
+from slowlink.wire import payload
+
+from .nodes import batches, sgd_step, tiny_mlp
+
+
+class FailOnce(sl.MemoryMailbox):
+    """Fails the first PUT of keys matching `which`: after applying it (a lost answer) or before."""
+
+    def __init__(self, which, *, applied: bool) -> None:
+        super().__init__()
+        self.which, self.applied, self.failed = which, applied, []
+
+    def put(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> str:
+        if self.which(key) and not self.failed:
+            self.failed.append(key)
+            if self.applied:
+                super().put(key, data, if_absent=if_absent, if_match=if_match)
+            raise MailboxUnavailable(f"PUT {key}: connection reset (injected)")
+        return super().put(key, data, if_absent=if_absent, if_match=if_match)
+
+
+def test_a_contribution_whose_record_landed_with_its_answer_lost_counts_once():
+    mailbox = FailOnce(lambda key: key == keys.contribution(0, 1, "n"), applied=True)
+    model, replica = tiny_mlp(), tiny_mlp()
+    # One node, outer lr 1, no momentum: every commit is the node's own model, so a step counted twice shows.
+    algorithm = sl.DiLoCo(sync_every=2, overlap_steps=0, outer_lr=1.0, outer_momentum=0.0)
+    with sl.Session(model, algorithm=algorithm, mailbox=mailbox, node_id="n", poll_seconds=0.005) as session:
+        for batch in batches(0, 6):
+            sgd_step(model, batch, 0.1)
+            sgd_step(replica, batch, 0.1)
+            session.step(samples=4)
+    assert mailbox.failed == [keys.contribution(0, 1, "n")]
+    assert session.stats.contributions_late == 0 and session.stats.rounds_committed == 3
+    for ours, plain in zip(model.parameters(), replica.parameters(), strict=True):
+        torch.testing.assert_close(ours, plain, atol=1e-6, rtol=0)
+
+
+SCHEMA = [("w", (4,), "float32")]
+
+
+def plant(mailbox, run, node: str, value: float) -> None:
+    data = payload.pack(
+        {"w": np.full(4, value, np.float32)}, run.expect(kind="delta", fragment=0, round=1, node=node)
+    )
+    sha = payload.digest(data)
+    mailbox.put(keys.contribution_payload(0, 1, node, sha), data)
+    record = {"node": node, "fragment": 0, "round": 1, "base": 0, "blob": sha, "samples": 1, "steps": 1,
+              "final": False, "step_seconds": 0.01, "norm": 2.0 * abs(value)}  # fmt: skip
+    mailbox.put(keys.contribution(0, 1, node), records.encode(record))
+
+
+def test_a_commit_whose_head_update_failed_is_adopted_though_the_round_now_holds_more():
+    mailbox = FailOnce(lambda key: key == keys.HEAD, applied=False)
+    algorithm = sl.DiLoCo(sync_every=1, outer_lr=1.0, outer_momentum=0.0, grace_seconds=0.0)
+    initial = {"w": np.zeros(4, np.float32)}
+    run, _ = open_run(mailbox, config=algorithm.to_dict(), schema=SCHEMA, schema_digest="0" * 64,
+                      plan=[["w"]], initial=lambda: [initial])  # fmt: skip
+    events: list[Event] = []
+    merger = Merger(mailbox, run, algorithm, "leader", events.append)
+    plant(mailbox, run, "a", 1.0)
+    try:
+        merger.step({0: (0, initial)}, lambda fresh: {"a"})
+    except MailboxUnavailable:
+        pass  # the commit landed; moving head.json failed
+    assert mailbox.failed == [keys.HEAD] and read_commit(mailbox, 0, 1) is not None
+    assert read_head(mailbox, 1)[0] == [0]
+    plant(mailbox, run, "b", 3.0)  # a contribution that came in meanwhile: the leader would now merge two
+    merger.step({0: (0, initial)}, lambda fresh: {"a", "b"})
+    assert read_head(mailbox, 1)[0] == [1]  # the existing commit is the round's; head.json now says so
+    record = read_commit(mailbox, 0, 1)
+    assert [c["node"] for c in record["contributors"]] == ["a"]
+    blobs = {listing.key for listing in mailbox.list("blobs/")}
+    assert keys.blob(record["params"]) in blobs  # the second attempt deleted only its own blobs
