@@ -205,7 +205,7 @@ class Courier:
         self.emit(Event("contribution_sent", self.node_id,
                         f"fragment {item.fragment} round {round_}: {item.steps} steps, {len(data)} bytes",
                         {"fragment": item.fragment, "round": round_, "step": item.step, "steps": item.steps,
-                         "bytes": len(data)}))  # fmt: skip
+                         "bytes": len(data), "blob": sha}))  # fmt: skip
 
     def _prepare(self, item: Contribution, round_: int) -> tuple[bytes, str, float]:
         # Δ = θ_anchor − θ_local, computed in the snapshot's own buffer: no second copy of the fragment.
@@ -233,7 +233,11 @@ class Courier:
         return compress(data) if self.compression == "zstd" else data
 
     def _poll_head(self) -> None:
-        versions, self._head_etag = read_head(self.mailbox, self.fragments, etag=self._head_etag)
+        try:
+            versions, self._head_etag = read_head(self.mailbox, self.fragments, etag=self._head_etag)
+        except PayloadError as error:  # the merger rewrites it from the commits; until then, go on without it
+            self.emit(Event("mailbox_error", self.node_id, str(error), {"error": "PayloadError"}))
+            versions = None
         if versions is not None:
             self.head = [max(old, new) for old, new in zip(self.head, versions, strict=True)]
         for fragment in range(self.fragments):

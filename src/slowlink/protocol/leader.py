@@ -9,7 +9,7 @@ so two nodes can never both believe they renewed the same term.
 import time
 from collections.abc import Callable
 
-from ..errors import PreconditionFailed
+from ..errors import PayloadError, PreconditionFailed
 from ..mailbox.contract import Mailbox
 from . import keys, records
 
@@ -83,12 +83,15 @@ class Leadership:
                     return "lost"
             self._renewed_at = now
             return None
-        found = self.mailbox.get(keys.LEADER, if_none_match=self._etag)
+        try:
+            found = self.mailbox.get(keys.LEADER, if_none_match=self._etag)
+            if found is not None and found.data is not None:
+                record = records.decode(found.data, records.LEADER_FIELDS, what=keys.LEADER)
+                self.leader, self.term = record["node"], record["term"]
+        except PayloadError:
+            return self._take_over_unreadable()
         if found is None:
             return self._take(1, if_absent=True)
-        if found.data is not None:
-            record = records.decode(found.data, records.LEADER_FIELDS, what=keys.LEADER)
-            self.leader, self.term = record["node"], record["term"]
         if found.etag != self._etag:
             self._etag, self._changed_at = found.etag, now
             # Vacant (released by a leader that left), or ours from an earlier life under the same node id.
@@ -99,14 +102,26 @@ class Leadership:
             return self._take(self.term + 1, if_match=self._etag)
         return None
 
+    def _take_over_unreadable(self) -> str | None:
+        """leader.json fails its checks (unsigned or forged in a signed run, or garbled): it names nobody
+        this node can trust, so take it over at once, by compare-and-swap on the etag a LIST shows."""
+        etags = [listing.etag for listing in self.mailbox.list(keys.LEADER) if listing.key == keys.LEADER]
+        if not etags:
+            return None
+        self.leader, self._etag = None, etags[0]
+        return self._take(self.term + 1, if_match=self._etag)
+
     def _renewal_landed(self) -> bool:
         """After a renewal refused for its etag: an earlier renewal of ours may have landed with its answer
         lost, moving the etag we hold. leader.json naming this node in this term is that write (a takeover
         names another node, and this node's restart a later term), so we adopt its etag and stay leader."""
-        found = self.mailbox.get(keys.LEADER)
-        if found is None or found.data is None:
-            return False
-        record = records.decode(found.data, records.LEADER_FIELDS, what=keys.LEADER)
+        try:
+            found = self.mailbox.get(keys.LEADER)
+            if found is None or found.data is None:
+                return False
+            record = records.decode(found.data, records.LEADER_FIELDS, what=keys.LEADER)
+        except PayloadError:
+            return False  # unreadable: not our renewal
         if record["node"] != self.node_id or record["term"] != self.term:
             return False
         self._etag = found.etag

@@ -164,11 +164,16 @@ def read_head(
 def advance_head(mailbox: Mailbox, fragments: int, fragment: int, round_: int) -> None:
     """Move the head of `fragment` forward to `round_` by compare-and-swap; never move it back."""
     while True:
-        versions, etag = read_head(mailbox, fragments)
+        try:
+            versions, etag = read_head(mailbox, fragments)
+            rebuilt = False
+        except PayloadError:  # unreadable (forged, unsigned, garbled): rebuilt from the commits themselves
+            versions, etag = _head_from_commits(mailbox, fragments)
+            rebuilt = True
         assert versions is not None
-        if versions[fragment] >= round_:
+        if versions[fragment] >= round_ and not rebuilt:
             return
-        versions[fragment] = round_
+        versions[fragment] = max(versions[fragment], round_)
         try:
             if etag is None:
                 mailbox.put(keys.HEAD, records.encode({"versions": versions}), if_absent=True)
@@ -177,6 +182,17 @@ def advance_head(mailbox: Mailbox, fragments: int, fragment: int, round_: int) -
             return
         except PreconditionFailed:
             continue  # someone else moved it; read again
+
+
+def _head_from_commits(mailbox: Mailbox, fragments: int) -> tuple[list[int], str | None]:
+    """The newest commit of each fragment, from one LIST of commits/, and head.json's current etag."""
+    versions = [0] * fragments
+    for listing in mailbox.list("commits/"):
+        fragment, round_ = (int(part) for part in listing.key.removesuffix(".json").split("/")[1:3])
+        if fragment < fragments:
+            versions[fragment] = max(versions[fragment], round_)
+    etags = [listing.etag for listing in mailbox.list(keys.HEAD) if listing.key == keys.HEAD]
+    return versions, (etags[0] if etags else None)
 
 
 def read_commit(mailbox: Mailbox, fragment: int, round_: int) -> dict | None:

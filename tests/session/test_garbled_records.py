@@ -1,0 +1,63 @@
+"""Records that cannot be read (garbled here; unsigned or forged in a signed run) do not stop a run:
+an unreadable leader.json is taken over at once, and an unreadable head.json is rebuilt from the commits."""
+
+import time
+
+import slowlink as sl
+from slowlink.protocol import keys
+from slowlink.protocol.run import read_commit, read_head
+
+from .nodes import batches, sgd_step, tiny_mlp
+
+
+def train_until(sessions, models, condition, *, limit: float = 30.0) -> None:
+    deadline = time.monotonic() + limit
+    data = [batches(i, 5000) for i in range(len(models))]
+    step = 0
+    while not condition():
+        assert time.monotonic() < deadline, "the run stopped making progress"
+        for i, (session, model) in enumerate(zip(sessions, models, strict=True)):
+            sgd_step(model, data[i][step], 0.05)
+            session.step(samples=4)
+        step += 1
+        time.sleep(0.005)
+
+
+def test_a_garbled_leader_record_is_taken_over_and_rounds_go_on():
+    mailbox = sl.MemoryMailbox()
+    algorithm = sl.DiLoCo(sync_every=2)
+    models = [tiny_mlp(), tiny_mlp()]
+    options = {"algorithm": algorithm, "mailbox": mailbox, "poll_seconds": 0.005, "lease_seconds": 8.0}
+    with (
+        sl.Session(models[0], node_id="a", **options) as a,
+        sl.Session(models[1], node_id="b", **options) as b,
+    ):
+        train_until([a, b], models, lambda: read_commit(mailbox, 0, 2) is not None)
+        mailbox.put(keys.LEADER, b"\x00garbled")
+        taken_at = time.monotonic()
+        train_until([a, b], models, lambda: read_commit(mailbox, 0, 6) is not None)
+        # The node that took it over leads at once, not after a lease; a leader that lost it learns so at its
+        # next renewal, a quarter lease on. Meanwhile create-once commits keep two leaders harmless.
+        train_until([a, b], models, lambda: a.stats.is_leader != b.stats.is_leader)
+        assert time.monotonic() - taken_at < 8.0
+    assert mailbox.get(keys.LEADER).data != b"\x00garbled"
+
+
+def test_a_garbled_head_record_is_rebuilt_from_the_commits():
+    mailbox = sl.MemoryMailbox()
+    models = [tiny_mlp()]
+    with sl.Session(models[0], algorithm=sl.DiLoCo(sync_every=2), mailbox=mailbox, node_id="a",
+                    poll_seconds=0.005) as a:  # fmt: skip
+        train_until([a], models, lambda: read_commit(mailbox, 0, 2) is not None)
+        mailbox.put(keys.HEAD, b"{garbled")
+        train_until(
+            [a], models, lambda: readable_head(mailbox) >= 5
+        )  # rewritten from the commits, and moving
+        train_until([a], models, lambda: a.stats.versions[0] >= 5)
+
+
+def readable_head(mailbox) -> int:
+    try:
+        return read_head(mailbox, 1)[0][0]
+    except sl.PayloadError:
+        return -1
