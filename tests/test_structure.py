@@ -10,7 +10,7 @@ PACKAGE = Path(sl.__file__).parent
 
 # DESIGN.md's layers, bottom first. errors.py and events.py are shared vocabulary, below everything.
 LAYERS = ["errors", "events", "metrics", "frameworks", "mailbox", "wire", "algorithms", "sim", "collective",
-          "protocol", "session", "demo", "cli"]  # fmt: skip
+          "protocol", "session", "checkpoint", "demo", "cli"]  # fmt: skip
 
 
 def layer_of(module: str) -> str:
@@ -57,7 +57,7 @@ def test_the_public_surface_is_exactly_this():
         "BalancedBytes", "ConfigError", "DiLoCo", "DirMailbox", "Event", "MailboxError", "MemoryMailbox",
         "NormClippedMean", "PayloadError", "RunConfigMismatch", "S3Mailbox", "SchemaMismatch", "Session",
         "SessionStateError", "SessionStats", "SlowlinkError", "Strided", "TrainingDiverged", "TrimmedMean",
-        "WeightedMean", "align",
+        "WeightedMean", "align", "checkpoint",
     ]  # fmt: skip
     for name in sl.__all__:
         assert getattr(sl, name) is not None

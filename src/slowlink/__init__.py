@@ -1,5 +1,6 @@
 """slowlink: train one model on machines joined by slow links."""
 
+from . import checkpoint
 from .algorithms.diloco import DiLoCo
 from .algorithms.merge import WeightedMean
 from .algorithms.partition import BalancedBytes, Strided
@@ -50,4 +51,5 @@ __all__ = [
     "TrimmedMean",
     "WeightedMean",
     "align",
+    "checkpoint",
 ]

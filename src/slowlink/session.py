@@ -65,6 +65,9 @@ class _InFlight:
     # The snapshot, which the communication thread turns into Δ = anchor − snapshot in place before it
     # uploads; once a commit holding this contribution arrives, Δ is there to carry the overlap steps.
     delta: dict
+    uploaded: bool = False  # the contribution went out: `delta` holds Δ, and nothing writes it any more
+    blob: str | None = None  # the sha256 of its payload, once uploaded, when the courier tells it
+    fate: str | None = None  # "merged" or "missed" when a resumed node read it from the commit itself
 
 
 class Session:
@@ -317,12 +320,13 @@ class Session:
         flight = self._in_flight.get(fragment)
         if flight is not None and flight.round > alignment.version:
             flight = None  # still waiting for a later round
+        mine = (flight.fate or alignment.mine) if flight is not None else alignment.mine
         mixing = self.algorithm.mixing
-        if flight is not None and alignment.mine == "merged" and mixing is None:
+        if flight is not None and mine == "merged" and mixing is None:
             # θ ← θ + (Θ_new − θ_snapshot), θ_snapshot = anchor − Δ: the steps trained while the round was in
             # flight stay, on top of the commit, and go into the next contribution. Nothing is lost.
             self.adapter.shift(carry_overlap_change(anchor, alignment.params, flight.delta))
-        elif flight is not None and alignment.mine == "merged":
+        elif flight is not None and mine == "merged":
             # θ ← α·θ + (1−α)·Θ (Streaming DiLoCo): the steps since the snapshot are partly replaced.
             self.adapter.blend(alignment.params, mixing)
             overlap = self._pending_steps[fragment]
@@ -354,6 +358,10 @@ class Session:
         return NodeStatus(self._step, self._samples, self._step_seconds)
 
     def _emit(self, event: Event) -> None:
+        if event.kind == "contribution_sent":  # on the communication thread, once the upload landed
+            flight = self._in_flight.get(event.data["fragment"])
+            if flight is not None and flight.round == event.data["round"]:
+                flight.uploaded, flight.blob = True, event.data.get("blob")
         with self._count_lock:
             self._counts[event.kind] += 1
             if event.kind in ("steps_replaced", "steps_dropped"):
