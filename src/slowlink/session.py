@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .algorithms.diloco import DiLoCo
 from .algorithms.mixing import carry_change, carry_overlap_change
 from .algorithms.schedule import due_fragments
-from .errors import ConfigError, PayloadError, SessionStateError
+from .errors import ConfigError, PayloadError, RunConfigMismatch, SessionStateError
 from .events import Event, log_event
 from .frameworks.base import adapter_for, compare_schemas, schema_digest
 from .mailbox.contract import Mailbox
@@ -28,6 +28,7 @@ from .mailbox.metered import Metered
 from .protocol import keys
 from .protocol.courier import Alignment, Contribution, Courier, NodeStatus
 from .protocol.run import Run, newest_params, open_run, read_head, read_run
+from .protocol.trust import ENVIRONMENT_VARIABLE, RunKey, Signed
 from .wire.encodings import ENCODINGS
 
 JOIN_ATTEMPTS = 5  # a joiner may race garbage collection of the commit it read; it then reads head again
@@ -78,6 +79,8 @@ class Session:
     on_event: called with every Event (also logged on the "slowlink" logger).
     poll_seconds: how often the communication thread looks for news. lease_seconds: how long a silent
     node (or leader) is still trusted. close_timeout: how long leaving waits for rounds in flight.
+    run_key: a secret shared by the run's nodes (default: SLOWLINK_RUN_KEY, else none); every record is
+    then signed and checked, and contributions not signed with it are rejected (docs/robustness.md).
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class Session:
         poll_seconds: float = 0.25,
         lease_seconds: float = 120.0,
         close_timeout: float = 60.0,
+        run_key: str | bytes | None = None,
     ) -> None:
         if not isinstance(algorithm, DiLoCo):
             raise ConfigError(
@@ -113,7 +117,8 @@ class Session:
             if (getattr(algorithm, name) or "F32") not in ENCODINGS:
                 raise ConfigError(f"{name}={getattr(algorithm, name)!r} is not available in this build")
         self.model, self.algorithm, self.compression = model, algorithm, compression
-        self.mailbox = Metered(mailbox)
+        self.run_key = RunKey.resolve(run_key)
+        self.mailbox = _trusted(Metered(mailbox), self.run_key)
         self.poll_seconds, self.lease_seconds, self.close_timeout = poll_seconds, lease_seconds, close_timeout
         self._on_event = on_event
         self._encoding = encoding
@@ -137,6 +142,7 @@ class Session:
             initial=lambda: [
                 self.adapter.snapshot(group) for group in self.algorithm.plan(self.adapter.schema)
             ],
+            key_id=self.run_key.key_id if self.run_key else None,
         )
         self.plan = self.run.plan
         latest = _load_newest(self.mailbox, self.run)
@@ -422,12 +428,24 @@ def _load_newest(mailbox: Mailbox, run: Run) -> dict[int, tuple[int, dict]]:
     raise AssertionError("unreachable")
 
 
-def align(model: object, *, mailbox: Mailbox) -> dict[int, int]:
-    """Load the newest committed model into `model` without joining the run; returns fragment -> version."""
+def _trusted(mailbox: Mailbox, run_key: RunKey | None) -> Mailbox:
+    """With a run key, the mailbox as the protocol sees it: every record signed on write, checked on read."""
+    return mailbox if run_key is None else Signed(mailbox, run_key)
+
+
+def align(model: object, *, mailbox: Mailbox, run_key: str | bytes | None = None) -> dict[int, int]:
+    """Load the newest committed model into `model` without joining the run; returns fragment -> version.
+    run_key: the run's key if it is signed (default: SLOWLINK_RUN_KEY); every record read is checked."""
     adapter = adapter_for(model)
+    key = RunKey.resolve(run_key)
+    mailbox = _trusted(mailbox, key)
     run = read_run(mailbox)
     if run is None:
         raise ConfigError(f"{mailbox!r} holds no run (no {keys.RUN}); check the mailbox path or prefix")
+    if run.key_id is not None and key is None:
+        raise RunConfigMismatch(
+            f"this run is signed with run key {run.key_id}: pass run_key= (or set {ENVIRONMENT_VARIABLE})"
+        )
     compare_schemas(adapter.schema, run.schema)
     newest = _load_newest(mailbox, run)
     for _, params in newest.values():
