@@ -167,7 +167,8 @@ def l2_norm(arrays: Mapping[str, np.ndarray]) -> float:
         for start in range(0, flat.size, NORM_CHUNK):
             chunk = buffer[: min(NORM_CHUNK, flat.size - start)]
             chunk[:] = flat[start : start + NORM_CHUNK]  # widened into the one buffer
-            squares += float(np.dot(chunk, chunk))
+            # Not np.dot: it calls BLAS, whose idle threads spin and burn the cores the training needs.
+            squares += float(np.square(chunk, out=chunk).sum())
     return math.sqrt(squares)
 
 
