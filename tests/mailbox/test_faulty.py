@@ -163,3 +163,12 @@ def test_a_write_can_fail_after_it_was_applied():
 def test_bad_options_are_rejected_naming_them(options, named):
     with pytest.raises(ConfigError, match=named.replace("[", r"\[").replace("]", r"\]")):
         Faulty(MemoryMailbox(), **options)
+
+
+def test_users_reach_it_as_sl_mailbox_faulty_to_rehearse_a_run():
+    import slowlink as sl
+
+    rehearsal = sl.mailbox.Faulty(sl.MemoryMailbox(), error_rate=1.0, seed=3)
+    with pytest.raises(sl.MailboxError):
+        rehearsal.put("a", b"x")
+    assert rehearsal.faults["error"] + rehearsal.faults["error_after_write"] == 1

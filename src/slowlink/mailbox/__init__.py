@@ -2,9 +2,10 @@
 
 from .contract import Listing, Mailbox, Object
 from .directory import DirMailbox
+from .faulty import Faulty
 from .memory import MemoryMailbox
 
-__all__ = ["DirMailbox", "Listing", "Mailbox", "MemoryMailbox", "Object", "S3Mailbox"]
+__all__ = ["DirMailbox", "Faulty", "Listing", "Mailbox", "MemoryMailbox", "Object", "S3Mailbox"]
 
 
 def __getattr__(name: str):
