@@ -1,7 +1,7 @@
 """Chaos benchmark: four learner processes train one model while nodes are SIGKILLed (the leader among
 them), restarted under the same node id, and join late, and about 10% of their requests to the store fail.
 
-    python benchmarks/chaos.py [--schedules 20] [--store dir|s3|both] [--seed 0] [--steps 400]
+    python benchmarks/chaos.py [--schedules 20] [--store dir|s3|both] [--seed 0] [--steps 500]
 
 Each schedule is seeded (chaos_schedule.py); after it, chaos_checks.py reads the store and the learners'
 logs and checks the run. The S3 runs talk to moto's server on 127.0.0.1, started here. Writes its

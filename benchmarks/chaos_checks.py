@@ -184,8 +184,9 @@ def read_commits(mailbox, fragments: int, outcome: Outcome) -> dict[tuple[int, i
 
 def match_contributors(commits: dict, lives: list[LifeRecord], outcome: Outcome) -> tuple[dict, list]:
     """Pair each commit's contributors with a logged contribution_sent of that node for that fragment and
-    round, with the same steps; each logged contribution pairs once. Returns the merged contributions by
-    (life index, fragment), as their logged data, and each life's logged contributions left unpaired."""
+    round, with the same payload sha (or steps); each logged contribution pairs once. Returns the merged
+    contributions by (life index, fragment), as their logged data, and each life's logged contributions
+    left unpaired."""
     unused = [list(life.sent()) for life in lives]
     merged: dict[tuple[int, int], list[dict]] = {}
     for (fragment, round_), record in sorted(commits.items()):
@@ -199,7 +200,7 @@ def match_contributors(commits: dict, lives: list[LifeRecord], outcome: Outcome)
                 outcome.notes.append(
                     f"commit {fragment}/{round_}: {len(candidates)} lives of {node} contributed"
                 )
-            match = next(((i, sent) for i, sent in candidates if sent["steps"] == contributor["steps"]), None)
+            match = next(((i, sent) for i, sent in candidates if same_contribution(sent, contributor)), None)
             if match is not None:
                 unused[match[0]].remove(match[1])
                 merged.setdefault((match[0], fragment), []).append(match[1])
@@ -213,6 +214,14 @@ def match_contributors(commits: dict, lives: list[LifeRecord], outcome: Outcome)
                 outcome.fail("contributors", f"commit {fragment}/{round_} counts {node} ({contributor['steps']} "
                              f"steps), which never logged sending it: {why}")  # fmt: skip
     return merged, unused
+
+
+def same_contribution(sent: dict, contributor: dict) -> bool:
+    """A logged contribution_sent and a commit's contributor entry: the same payload sha where both carry
+    one (lives of one node may send the same steps to one round), else the same steps."""
+    if "blob" in sent and "blob" in contributor:
+        return sent["blob"] == contributor["blob"]
+    return sent["steps"] == contributor["steps"]
 
 
 def told_missed(life: LifeRecord, index: int, merged: dict) -> list[dict]:

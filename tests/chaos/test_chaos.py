@@ -71,21 +71,26 @@ def test_the_checks_flag_a_commit_counting_a_contribution_its_node_never_sent():
     ]
 
 
-def test_the_checks_pair_two_lives_contributing_to_one_round_by_their_steps():
-    # node-0 sent 20 steps to fragment 0 round 1, was killed, and its restarted life sent 10 steps to the
-    # same round under the same record key. The commit holds the first life's 20 steps: the second life's
-    # 10 are left unpaired, for the accounting check to find.
-    first = {"kind": "contribution_sent", "data": {"fragment": 0, "round": 1, "step": 20, "steps": 20}}
-    second = {"kind": "contribution_sent", "data": {"fragment": 0, "round": 1, "step": 10, "steps": 10}}
+def test_the_checks_pair_two_lives_contributing_to_one_round_by_their_payload():
+    # node-0 sent 20 steps to fragment 0 round 1, was killed, and its restarted life sent 20 steps to the
+    # same round under the same record key. The commit names the second life's payload: the first life's
+    # contribution is the one left unpaired, though it has the same steps.
+    first = {
+        "kind": "contribution_sent",
+        "data": {"fragment": 0, "round": 1, "step": 20, "steps": 20, "blob": "aa"},
+    }
+    second = {
+        "kind": "contribution_sent",
+        "data": {"fragment": 0, "round": 1, "step": 20, "steps": 20, "blob": "bb"},
+    }
     lives = [
         LifeRecord("node-0", 0, True, -9, 5.0, [first], None, ""),
         LifeRecord("node-0", 1, False, 0, 9.0, [second], None, ""),
     ]
     outcome = Outcome()
-    merged, unpaired = match_contributors(
-        {(0, 1): {"contributors": [{"node": "node-0", "steps": 20}]}}, lives, outcome
-    )
-    assert merged == {(0, 0): [first["data"]]} and unpaired == [[], [second["data"]]]
+    commits = {(0, 1): {"contributors": [{"node": "node-0", "steps": 20, "blob": "bb"}]}}
+    merged, unpaired = match_contributors(commits, lives, outcome)
+    assert merged == {(1, 0): [second["data"]]} and unpaired == [[first["data"]], []]
     assert outcome.failures == [] and outcome.notes == ["commit 0/1: 2 lives of node-0 contributed"]
 
 
