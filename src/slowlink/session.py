@@ -51,6 +51,7 @@ class SessionStats:
     syncs_skipped: int  # due for a round already committed (a node joining mid-round); steps carried
     steps_replaced: int  # overlap steps replaced by a commit (mixing keeps a share of them)
     steps_unmerged: int  # steps trained but never merged: dropped when the node left
+    steps_unconfirmed: int  # published, but not committed before the node left: the run may still merge them
     bytes_sent: int
     bytes_received: int
     requests: int
@@ -205,15 +206,22 @@ class Session:
                 break
             self._wait_for_alignment(timeout=min(0.5, max(0.01, deadline - time.monotonic())))
         self._drain_alignments()
-        dropped = sum(self._pending_steps) + sum(flight.steps for flight in self._in_flight.values())
+        dropped = sum(self._pending_steps)
         if dropped:
             why = (
-                f"were not committed within close_timeout={self.close_timeout}s"
+                "were never published"
                 if flush
                 else "were not merged (set flush_on_close=True to publish them)"
             )
             self._emit(Event("steps_dropped", self.node_id,
                              f"{dropped} fragment-steps trained since the last sync {why}", {"steps": dropped}))  # fmt: skip
+        unconfirmed = sum(flight.steps for flight in self._in_flight.values())
+        if unconfirmed:  # published: a later commit may still merge them, and its record will say so
+            rounds = sorted((fragment, flight.round) for fragment, flight in self._in_flight.items())
+            self._emit(Event("steps_unconfirmed", self.node_id,
+                             f"{unconfirmed} fragment-steps in contributions to (fragment, round) {rounds} were "
+                             f"not committed within close_timeout={self.close_timeout}s; the run may still merge "
+                             "them", {"steps": unconfirmed, "rounds": rounds}))  # fmt: skip
         self.adapter.assign(
             {name: values for _, params in self._anchors.values() for name, values in params.items()}
         )
@@ -370,7 +378,7 @@ class Session:
                 flight.uploaded, flight.blob = True, event.data.get("blob")
         with self._count_lock:
             self._counts[event.kind] += 1
-            if event.kind in ("steps_replaced", "steps_dropped"):
+            if event.kind in ("steps_replaced", "steps_dropped", "steps_unconfirmed"):
                 self._counts[event.kind + ":steps"] += event.data.get("steps", 0)
         log_event(event)
         if self._on_event is not None:
@@ -393,6 +401,7 @@ class Session:
             syncs_skipped=counts["sync_skipped"],
             steps_replaced=counts["steps_replaced:steps"],
             steps_unmerged=counts["steps_dropped:steps"],
+            steps_unconfirmed=counts["steps_unconfirmed:steps"],
             bytes_sent=self.mailbox.bytes_sent,
             bytes_received=self.mailbox.bytes_received,
             requests=self.mailbox.total_requests,

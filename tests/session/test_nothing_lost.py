@@ -140,3 +140,22 @@ def test_zstd_and_f4_contributions_are_merged_like_any_other():
                 assert is_compressed(data) and payload.read_header(data)["encoding"] == "F4"
     assert session.stats.rounds_committed == 2 and session.stats.contributions_rejected == 0
     assert [c["node"] for c in read_commit(mailbox, 0, 2)["contributors"]] == ["n"]
+
+
+def test_a_contribution_still_awaiting_its_commit_at_close_is_unconfirmed_not_dropped():
+    mailbox, events = sl.MemoryMailbox(), []
+    algorithm = sl.DiLoCo(sync_every=2, quorum_size=2, flush_on_close=True)
+    idle = sl.Session(tiny_mlp(), algorithm=algorithm, mailbox=mailbox, node_id="idle", poll_seconds=0.005)
+    with idle:  # live, so the round waits for it, but it never trains
+        model = tiny_mlp()
+        with sl.Session(model, algorithm=algorithm, mailbox=mailbox, node_id="busy", poll_seconds=0.005,
+                        close_timeout=0.3, on_event=events.append) as session:  # fmt: skip
+            for batch in batches(0, 3):
+                sgd_step(model, batch, 0.1)
+                session.step(samples=4)
+        stats = session.stats
+        # The sync's 2 steps went out and may yet be merged; the step after it waited behind them, unpublished.
+        assert stats.steps_unconfirmed == 2 and stats.steps_unmerged == 1
+        [event] = [e for e in events if e.kind == "steps_unconfirmed"]
+        assert event.data["rounds"] == [(0, 1)]
+        assert mailbox.get(keys.contribution(0, 1, "busy")) is not None  # still there for a later commit
