@@ -4,6 +4,7 @@ the leader's term, while a real takeover after a lease is still noticed as lost.
 import pytest
 
 from slowlink.errors import MailboxUnavailable
+from slowlink.mailbox.contract import Object
 from slowlink.mailbox.memory import MemoryMailbox
 from slowlink.protocol import keys, records
 from slowlink.protocol.leader import Leadership
@@ -66,4 +67,50 @@ def test_a_leader_taken_over_after_a_lease_learns_that_it_lost():
     assert b.tick() == "elected" and b.term == 2
     clock_a.now += 1.0
     assert a.tick() == "lost" and not a.is_leader
+    assert leader_record(store)["node"] == "b"
+
+
+class CutsAnswers(MemoryMailbox):
+    """The store as one node sees it: its next `cut` reads of leader.json come back cut short."""
+
+    def __init__(self, inner: MemoryMailbox) -> None:
+        self.inner, self.cut = inner, 0
+
+    def get(self, key: str, *, if_none_match: str | None = None) -> Object | None:
+        found = self.inner.get(key, if_none_match=if_none_match)
+        if key == keys.LEADER and self.cut and found is not None and found.data:
+            self.cut -= 1
+            return Object(found.data[:10], found.etag)
+        return found
+
+    def put(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> str:
+        return self.inner.put(key, data, if_absent=if_absent, if_match=if_match)
+
+    def list(self, prefix: str, *, start_after: str | None = None):
+        return self.inner.list(prefix, start_after=start_after)
+
+
+def test_one_answer_cut_short_does_not_take_over_a_live_leader():
+    store, clock_a, clock_b = MemoryMailbox(), Clock(), Clock()
+    a = Leadership(store, "a", lease_seconds=4.0, clock=clock_a)
+    b_view = CutsAnswers(store)
+    b = Leadership(b_view, "b", lease_seconds=4.0, clock=clock_b)
+    assert a.tick() == "elected"
+    clock_a.now += 1.0
+    assert a.tick() is None  # a renews: b will read a changed record
+    b_view.cut = 1
+    assert b.tick() is None and not b.is_leader  # the record reads whole on a second look
+    clock_a.now += 1.0
+    assert a.tick() is None and a.is_leader
+    assert leader_record(store)["node"] == "a"
+
+
+def test_a_record_that_fails_every_read_is_taken_over_at_once():
+    store, clock_a, clock_b = MemoryMailbox(), Clock(), Clock()
+    a = Leadership(store, "a", lease_seconds=4.0, clock=clock_a)
+    b = Leadership(store, "b", lease_seconds=4.0, clock=clock_b)
+    assert a.tick() == "elected"
+    assert b.tick() is None  # b reads a's record, term 1
+    store.put(keys.LEADER, b"\x00garbled")
+    assert b.tick() == "elected" and b.term == 2  # at once, not after a lease
     assert leader_record(store)["node"] == "b"

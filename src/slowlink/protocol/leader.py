@@ -104,7 +104,16 @@ class Leadership:
 
     def _take_over_unreadable(self) -> str | None:
         """leader.json fails its checks (unsigned or forged in a signed run, or garbled): it names nobody
-        this node can trust, so take it over at once, by compare-and-swap on the etag a LIST shows."""
+        this node can trust, so take it over at once, by compare-and-swap on the etag a LIST shows. An
+        answer cut short on its way fails them too, once: the record must fail a second read as well, or
+        one bad answer would displace a live leader."""
+        try:
+            again = self.mailbox.get(keys.LEADER)
+            if again is not None and again.data is not None:
+                records.decode(again.data, records.LEADER_FIELDS, what=keys.LEADER)
+            return None  # readable, or gone, on a second look: the next tick reads it as usual
+        except PayloadError:
+            pass
         etags = [listing.etag for listing in self.mailbox.list(keys.LEADER) if listing.key == keys.LEADER]
         if not etags:
             return None
