@@ -96,9 +96,9 @@ def summary(results: list[tuple[int, str, Outcome]]) -> str:
         f"- rounds committed: {rounds}; requests per round under faults: "
         f"{sum(o.requests for o in outcomes) / max(1, rounds):.0f} (every node's requests, faulted ones included)",
         f"- longest stall: {worst[2].stall:.1f} s (seed {worst[0]}, {worst[1]}): {worst[2].stall_cause}",
-        f"- work lost: {sum(o.lost_finished for o in outcomes)} fragment-steps reported unmerged by lives "
-        f"that exited, {sum(o.lost_killed for o in outcomes)} trained by killed lives after their last merged "
-        "contribution",
+        f"- work lost: {sum(o.lost_finished for o in outcomes)} fragment-steps of lives that exited (reported "
+        f"unmerged, or unconfirmed and in no commit since), {sum(o.lost_killed for o in outcomes)} trained by "
+        "killed lives after their last merged contribution",
     ])  # fmt: skip
 
 
@@ -119,14 +119,16 @@ nodes (at least one of them the leader named in leader.json) within 10 s of the 
 restarted under the same node id, some within the lease and some after it.
 
 Checks after each schedule, from the store and the learners' logs: every life not killed exited 0 after
-its steps; each fragment's commits run 1..n unbroken, n being what head.json names; every contributor of a commit logged sending that
-contribution, none counted twice; every life that exited accounts for each fragment-step it trained
-(merged, or reported in `steps_unmerged`); the committed model is finite and its held-out loss is below
-the initial model's.
+its steps; each fragment's commits run 1..n unbroken, n being what head.json names; every contributor of
+a commit logged sending that contribution (paired by payload sha), none counted twice, and no node was
+told that a merged contribution missed its round; every life that exited accounts for each fragment-step
+it trained (merged while it ran, or reported in `steps_unmerged` or `steps_unconfirmed`); the committed
+model is finite and its held-out loss is below the initial model's.
 
 Faults: reported by the lives that exited + at least those of killed lives. Work lost, in fragment-steps
-(a step counts once per fragment): reported unmerged by lives that exited + trained by killed lives after
-their last merged contribution. Requests per round: all nodes' requests over the rounds committed.
+(a step counts once per fragment): of lives that exited (reported unmerged, or unconfirmed and in no
+commit since) + trained by killed lives after their last merged contribution. Requests per round: all
+nodes' requests, faulted ones included, over the rounds committed.
 
 {markdown_table(HEADER, rows)}
 

@@ -1,9 +1,10 @@
 """After a chaos schedule: read the store directly and the learners' logs, check the run, and measure it.
 
-Checks: every life not killed exited 0 after its steps; each fragment's commits run 1..n unbroken; each
-contributor of a commit had logged sending that contribution, and none is counted twice; every life that
-finished accounts for each step it trained (merged, or reported unmerged); the committed model is finite
-and its held-out loss is below the initial model's. Figures: kills, faults, rounds, stalls, work lost.
+Checks: every life not killed exited 0 after its steps; each fragment's commits run 1..n unbroken and
+head.json names the last; each contributor of a commit had logged sending that contribution, none is
+counted twice, and no node was told a merged contribution missed its round; every life that finished
+accounts for each step it trained; the committed model is finite and its held-out loss is below the
+initial model's. Figures: kills, faults, rounds, stalls, work lost.
 """
 
 import json
@@ -29,8 +30,6 @@ KNOWN_BUGS = {
     "forgets the awaited contribution, before reading the commit of that contribution's round; when the "
     "read fails, the alignment is lost, the next commit finds nothing awaited, and the merged contribution "
     "counts as late: its steps are carried into the next contribution and merged again",
-    "named only after it gave up": "session.py counts contributions still awaiting their commit at "
-    "close_timeout as dropped, though their records stay in the store and may be merged after the node left",
 }
 
 
@@ -83,6 +82,15 @@ class LifeRecord:
         progress = [e for e in self.events if e["kind"] == "progress"]
         return progress[-1] if progress else {"faults": {}, "requests": 0}
 
+    def unconfirmed_rounds(self) -> set[tuple[int, int]]:
+        """(fragment, round) of the contributions still awaiting their commit when this life left."""
+        return {
+            tuple(pair)
+            for e in self.events
+            if e["kind"] == "steps_unconfirmed"
+            for pair in e["data"]["rounds"]
+        }
+
     def errors(self) -> list[tuple[float, str]]:
         return [(e["t"], e["message"]) for e in self.events if e["kind"] == "mailbox_error"]
 
@@ -103,7 +111,7 @@ class Outcome:
     rounds: int = 0
     stall: float = 0.0
     stall_cause: str = ""
-    lost_finished: int = 0  # fragment-steps reported unmerged by lives that exited (steps_unmerged)
+    lost_finished: int = 0  # fragment-steps of lives that exited: unmerged, or unconfirmed and never merged
     lost_killed: int = 0  # fragment-steps of killed lives after their last merged contribution
     loss_initial: float = math.nan
     loss_final: float = math.nan
@@ -128,7 +136,7 @@ def check(played, mailbox, *, fragments: int, steps: int) -> Outcome:
     commits = read_commits(mailbox, fragments, outcome)
     merged, unused = match_contributors(commits, lives, outcome)
     check_fates(lives, merged, outcome)
-    check_accounting(played, lives, commits, merged, unused, fragments, outcome)
+    check_accounting(lives, commits, merged, unused, fragments, outcome)
     check_model(mailbox, outcome)
     measure(played, lives, commits, merged, fragments, outcome)
     return outcome
@@ -259,26 +267,26 @@ def explain_unlogged(lives: list[LifeRecord], node: str, fragment: int, round_: 
     return "no lost answer or kill explains it"
 
 
-def check_accounting(played, lives: list[LifeRecord], commits: dict, merged: dict, unused: list,
-                     fragments: int, outcome: Outcome) -> None:  # fmt: skip
+def check_accounting(lives: list[LifeRecord], commits: dict, merged: dict, unused: list, fragments: int,
+                     outcome: Outcome) -> None:  # fmt: skip
     """Nothing silently lost, nothing counted twice: a life that finished trained steps × fragments
-    fragment-steps, and each is either in a merged contribution or in its steps_unmerged."""
+    fragment-steps, and each is in a contribution merged while it ran, or in its steps_unmerged, or in its
+    steps_unconfirmed (published, awaiting a commit when it left; the run may have merged them since)."""
     for index, life in enumerate(lives):
         if life.result is None:
             continue
         stats = life.result["stats"]
+        unconfirmed = stats.get("steps_unconfirmed", 0)
         contributions = [sent for f in range(fragments) for sent in merged.get((index, f), [])]
         in_commits = sum(sent["steps"] for sent in contributions)
-        trained = stats["step"] * fragments
-        if in_commits + stats["steps_unmerged"] == trained:
-            continue
-        # Contributions whose commit head.json named only after the node gave up waiting (close_timeout).
-        gave_up = next(
-            (e["t"] - played.wall_origin for e in life.events if e["kind"] == "steps_dropped"), life.ended
+        merged_after = sum(
+            sent["steps"]
+            for sent in contributions
+            if (sent["fragment"], sent["round"]) in life.unconfirmed_rounds()
         )
-        late = sum(sent["steps"] for sent in contributions
-                   if played.commit_times.get((sent["fragment"], sent["round"]), math.inf) > gave_up)  # fmt: skip
-        # Its own contributions left unpaired in a commit that names its node: another life's was merged.
+        trained = stats["step"] * fragments
+        if in_commits - merged_after + stats["steps_unmerged"] + unconfirmed == trained:
+            continue
         # Its own contributions left unpaired in a commit that names its node, and never reported late: it
         # took another life's contribution under its node id for its own.
         late_events = {
@@ -293,18 +301,19 @@ def check_accounting(played, lives: list[LifeRecord], commits: dict, merged: dic
         if twice:
             reasons.append(f"{twice} of them were merged, yet it was told it missed their round and carried them "
                            "into its next contribution")  # fmt: skip
-        if late:
-            reasons.append(f"{late} of them are in commits that head.json named only after it gave up waiting at "
-                           "close_timeout (or never): it reported them as dropped, but they were merged")  # fmt: skip
         if taken:
             reasons.append(f"{taken} more it took for merged, but the commit holds another life's contribution "
                            "under its node id: lost without a word")  # fmt: skip
-        explained = reasons and in_commits + stats["steps_unmerged"] - late + taken - twice == trained
+        explained = (
+            reasons
+            and in_commits - merged_after + stats["steps_unmerged"] + unconfirmed + taken - twice == trained
+        )
         outcome.fail(
             "accounting",
             f"{life.name} trained {stats['step']} steps × {fragments} fragments = {trained} fragment-steps, but "
-            f"commits hold {in_commits} of them and it reports {stats['steps_unmerged']} unmerged: "
-            + ("; ".join(reasons) if explained else "merged + unmerged must equal trained"),
+            f"commits hold {in_commits} of them ({merged_after} merged after it left) and it reports "
+            f"{stats['steps_unmerged']} unmerged and {unconfirmed} unconfirmed: "
+            + ("; ".join(reasons) if explained else "these must add up to what it trained"),
         )
 
 
@@ -335,7 +344,13 @@ def measure(
         (outcome.faults_killed if life.killed else outcome.faults_finished).update(reported["faults"])
         outcome.requests += reported["requests"]
         if life.result is not None:
-            outcome.lost_finished += life.result["stats"]["steps_unmerged"]
+            # Reported unmerged, and published before it left but merged by no commit since.
+            stats = life.result["stats"]
+            merged_after = sum(sent["steps"] for f in range(fragments) for sent in merged.get((index, f), [])
+                               if (sent["fragment"], sent["round"]) in life.unconfirmed_rounds())  # fmt: skip
+            outcome.lost_finished += (
+                stats["steps_unmerged"] + stats.get("steps_unconfirmed", 0) - merged_after
+            )
         elif life.killed:
             # Steps after the snapshot of its last merged contribution, fragment by fragment.
             last = life.last_step()

@@ -13,7 +13,7 @@ for path in (str(ROOT / "benchmarks"), str(ROOT)):  # the benchmark's modules, a
         sys.path.insert(0, path)
 
 import chaos  # noqa: E402
-from chaos_checks import LifeRecord, Outcome, check_fates, known_bug, match_contributors  # noqa: E402
+from chaos_checks import LifeRecord, Outcome, check_accounting, check_fates, known_bug, match_contributors  # noqa: E402
 from chaos_schedule import Action, Schedule, make_schedule  # noqa: E402
 
 from tests.s3server import s3_endpoint  # noqa: E402, F401
@@ -108,6 +108,26 @@ def test_the_checks_flag_a_merged_contribution_its_node_was_told_had_missed_the_
     assert len(outcome.failures) == 1 and outcome.failures[0].startswith(
         "fates: node-0 life 0's contribution to 0/1"
     )
+
+
+def test_the_checks_flag_trained_steps_that_are_neither_merged_nor_reported():
+    # node-0 trained 40 steps of one fragment: 20 are in commit 0/1, 10 it reports unmerged, 10 unconfirmed
+    # (in its contribution to round 2, which a commit may merge after it left). All 40 are accounted for.
+    # Had it reported none unconfirmed, 10 steps would be lost without a word.
+    sent = [
+        {"fragment": 0, "round": 1, "step": 20, "steps": 20},
+        {"fragment": 0, "round": 2, "step": 30, "steps": 10},
+    ]
+    events = [{"kind": "contribution_sent", "data": data} for data in sent]
+    events.append({"kind": "steps_unconfirmed", "data": {"steps": 10, "rounds": [[0, 2]]}})
+    commits = {(0, 1): {"contributors": [{"node": "node-0", "steps": 20}]}}
+    for unconfirmed, failures in ((10, 0), (0, 1)):
+        stats = {"step": 40, "steps_unmerged": 10, "steps_unconfirmed": unconfirmed}
+        lives = [LifeRecord("node-0", 0, False, 0, 9.0, events, {"stats": stats}, "")]
+        outcome = Outcome()
+        merged, unpaired = match_contributors(commits, lives, outcome)
+        check_accounting(lives, commits, merged, unpaired, 1, outcome)
+        assert len(outcome.failures) == failures, outcome.failures
 
 
 def test_a_schedule_is_a_function_of_its_seed_and_always_kills_the_leader_and_restarts():
