@@ -20,8 +20,11 @@ WORKER = Path(__file__).with_name("worker_process.py")
 BATCH = 1
 
 
-def launch(mailbox: Path, node: int, steps: int, algorithm: dict, out: Path) -> subprocess.Popen:
-    args = {"mailbox": str(mailbox), "node": node, "steps": steps, "batch": BATCH, "algorithm": algorithm}
+def launch(
+    mailbox: Path, node: int, steps: int, algorithm: dict, out: Path, wait_for: int = 0
+) -> subprocess.Popen:
+    args = {"mailbox": str(mailbox), "node": node, "steps": steps, "batch": BATCH, "algorithm": algorithm,
+            "wait_for_nodes": wait_for}  # fmt: skip
     return subprocess.Popen([sys.executable, str(WORKER), json.dumps(args), str(out)])
 
 
@@ -51,7 +54,14 @@ def run(tmp_path: Path, nodes: int, steps: int, *, late: int | None = None) -> t
     algorithm = {"sync_every": 20, "fragments": 2, "quorum_size": nodes, "overlap_steps": 0,
                  "outer_lr": 1.0, "outer_momentum": 0.0}  # fmt: skip
     started = time.perf_counter()
-    procs = [launch(mailbox, i, steps, algorithm, tmp_path / f"{i}.json") for i in range(nodes) if i != late]
+    # Without a late joiner every node waits for the others' leases before training: the run is then the same
+    # whatever the machine's load, and only the single process's share of it varies.
+    wait_for = nodes if late is None else 0
+    procs = [
+        launch(mailbox, i, steps, algorithm, tmp_path / f"{i}.json", wait_for)
+        for i in range(nodes)
+        if i != late
+    ]
     if late is not None:
         while (
             not any((mailbox / "commits" / "0000").glob("*.json"))
