@@ -36,12 +36,6 @@ def contribute(mailbox, run, round_: int, delta: float) -> None:
     mailbox.put(keys.contribution(0, round_, "n"), records.encode(record))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: Merger._outer_state hands out its cached OuterState, which outer.update changes in "
-    "place; an attempt that fails after the update leaves the cache a step ahead, so the retry applies the "
-    "momentum twice (found by test_commit_property.py)",
-)
 def test_a_round_retried_after_a_failed_write_applies_the_outer_momentum_once():
     # η = 0.7, μ = 0.9, θ₀ = 0, Δ = 1 in both rounds (outer Nesterov: b ← μ·b + Δ; θ ← θ − η·(Δ + μ·b)).
     # Round 1: b = 1,   θ₁ = 0 − 0.7·(1 + 0.9·1)       = −1.33.

@@ -206,6 +206,8 @@ class Merger:
     def _commit(self, fragment: int, current: OpenRound, anchor: Arrays) -> Committed | None:
         version = current.round - 1
         state = self._outer_state(fragment, version, anchor)
+        # The outer step updates `state` in place: should this attempt fail, the next reads it from the store.
+        self.outer_states.pop(fragment, None)
         try:
             delta = self.algorithm.merge.merge(self._contributions(fragment, current))
         except ValueError:
