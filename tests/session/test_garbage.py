@@ -30,3 +30,17 @@ def test_only_the_newest_commits_blobs_and_the_initial_ones_remain_and_a_joiner_
     assert folders <= {keys.round_folder(fragment, head[fragment]) for fragment in range(2)}
     joiner = tiny_mlp(seed=5)
     assert sl.align(joiner, mailbox=mailbox) == {0: head[0], 1: head[1]}
+
+
+def test_joining_costs_the_same_requests_after_3_rounds_as_after_30():
+    from slowlink.mailbox.metered import Metered
+
+    costs = {}
+    for rounds in (3, 30):
+        mailbox = sl.MemoryMailbox()
+        run_nodes(1, sl.DiLoCo(sync_every=1, fragments=1, overlap_steps=0), mailbox, rounds)
+        counted = Metered(mailbox)
+        assert sl.align(tiny_mlp(seed=5), mailbox=counted) == {0: rounds}
+        costs[rounds] = dict(counted.requests)
+    # run.json, head.json, then the newest commit and its blob: nothing that grows with the run.
+    assert costs[3] == costs[30] == {"GET": 4}
