@@ -6,6 +6,7 @@ It logs every event (and its progress every few steps) as JSON lines, flushed at
 SIGKILLed life did can still be read; a life that finishes writes its SessionStats and fault counts too.
 """
 
+import dataclasses
 import json
 import sys
 import threading
@@ -19,7 +20,7 @@ from slowlink.demo.corpus import TrainWindows, load_corpus
 from slowlink.demo.model import build_model, make_optimizer, train_step
 from slowlink.errors import MailboxError, PayloadError
 from slowlink.events import Event
-from slowlink.mailbox.faulty import Faulty
+from slowlink.mailbox import Faulty
 
 PEAK_LR = 3e-3  # small batches and a high learning rate: the tiny GPT learns within a few hundred steps
 JOIN_ATTEMPTS = 20
@@ -75,7 +76,7 @@ def main(args: dict) -> None:
     optimizer = make_optimizer(model)
     # Each life draws its own windows: a restarted node does not replay what it trained before.
     windows = TrainWindows(load_corpus(), node=index, seed=1000 * args["seed"] + life)
-    faulty = Faulty(inner_mailbox(args["store"]), seed=hash_seed(args), **args["faults"])
+    faulty = Faulty(inner_mailbox(args["store"]), seed=fault_seed(args), **args["faults"])
 
     def make_session() -> sl.Session:
         return sl.Session(model, algorithm=sl.DiLoCo(**args["algorithm"]), mailbox=faulty,
@@ -96,7 +97,7 @@ def main(args: dict) -> None:
     stats = session.stats
     log_progress(log, stats.step, faulty)
     result = {
-        "stats": {key: value for key, value in stats.__dict__.items()},
+        "stats": dataclasses.asdict(stats),
         "faults": dict(faulty.faults),
         "requests": dict(faulty.requests),
     }
@@ -107,7 +108,7 @@ def log_progress(log: EventLog, step: int, faulty: Faulty) -> None:
     log.write("progress", step=step, faults=dict(faulty.faults), requests=sum(faulty.requests.values()))
 
 
-def hash_seed(args: dict) -> int:
+def fault_seed(args: dict) -> int:
     # Faulty draws from (seed, verb, key, occurrence): each life gets its own faults, repeatably.
     return 1_000_000 * args["seed"] + 1000 * args["index"] + args["life"]
 
