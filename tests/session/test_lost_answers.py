@@ -3,6 +3,7 @@ a contribution whose record landed unanswered is recognised as merged, and a com
 failed is adopted when the merger tries the round again with other contributions."""
 
 import numpy as np
+import pytest
 import torch
 
 import slowlink as sl
@@ -84,3 +85,51 @@ def test_a_commit_whose_head_update_failed_is_adopted_though_the_round_now_holds
     assert [c["node"] for c in record["contributors"]] == ["a"]
     blobs = {listing.key for listing in mailbox.list("blobs/")}
     assert keys.blob(record["params"]) in blobs  # the second attempt deleted only its own blobs
+
+
+class FailGetOnce(sl.MemoryMailbox):
+    """Fails the first GET of one key, once `armed` is set to it."""
+
+    armed: str | None = None
+
+    def get(self, key: str, *, if_none_match: str | None = None):
+        if key == self.armed:
+            self.armed = None
+            raise MailboxUnavailable(f"GET {key}: connection reset (injected)")
+        return super().get(key, if_none_match=if_none_match)
+
+
+def test_a_failed_read_while_learning_a_contributions_fate_loses_neither_the_commit_nor_the_fate():
+    from slowlink.protocol.courier import Courier, NodeStatus
+
+    mailbox = FailGetOnce()
+    algorithm = sl.DiLoCo(sync_every=1, outer_lr=1.0, outer_momentum=0.0, grace_seconds=0.0)
+    initial = {"w": np.zeros(4, np.float32)}
+    run, _ = open_run(mailbox, config=algorithm.to_dict(), schema=SCHEMA, schema_digest="0" * 64,
+                      plan=[["w"]], initial=lambda: [initial])  # fmt: skip
+    merger = Merger(mailbox, run, algorithm, "leader", lambda event: None)
+    plant(mailbox, run, "n", 1.0)  # node n's round-1 contribution, merged into commit 1
+    [first] = merger.step({0: (0, initial)}, lambda fresh: {"n"})
+    mine = first.record["contributors"][0]["blob"]
+    data = payload.pack(
+        {"w": np.full(4, 2.0, np.float32)}, run.expect(kind="delta", fragment=0, round=2, node="m")
+    )
+    sha = payload.digest(data)
+    mailbox.put(keys.contribution_payload(0, 2, "m", sha), data)
+    mailbox.put(keys.contribution(0, 2, "m"), records.encode(
+        {"node": "m", "fragment": 0, "round": 2, "base": 1, "blob": sha, "samples": 1, "steps": 1, "final": False,
+         "step_seconds": 0.01, "norm": 4.0}))  # fmt: skip
+    merger.step({0: (1, first.params)}, lambda fresh: {"m"})
+    # Node n saw neither commit: it still holds version 0 and awaits its round-1 contribution's fate.
+    courier = Courier(mailbox, run, algorithm, "n", {0: (0, initial)}, emit=lambda event: None,
+                      status=lambda: NodeStatus(0, 0, 0.0), poll_seconds=1.0, lease_seconds=60.0,
+                      encoding="F32", compression=None)  # fmt: skip
+    courier.sent[0] = (1, mine)
+    mailbox.armed = keys.commit(0, 1)  # reading commit 1 (the fate) fails once, after commit 2 was fetched
+    with pytest.raises(MailboxUnavailable):
+        courier._poll_head()
+    assert courier.latest[0][0] == 0 and courier.inbox.empty() and courier.sent == {0: (1, mine)}
+    courier._poll_head()  # the next turn delivers it whole
+    alignment = courier.inbox.get_nowait()
+    assert (alignment.version, alignment.mine) == (2, "merged")
+    assert courier.latest[0][0] == 2 and courier.sent == {}

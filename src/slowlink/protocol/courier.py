@@ -275,17 +275,20 @@ class Courier:
         return None
 
     def _deliver(self, fragment: int, version: int, params: Arrays, record: dict) -> None:
+        # The fate first: it may read the store, and if that fails nothing has changed, so the next turn
+        # delivers this commit again instead of losing what became of this node's contribution.
+        mine = self._fate_of_mine(fragment, version, record)
         self.latest[fragment] = (version, params)
-        self.inbox.put(Alignment(fragment, version, params, self._fate_of_mine(fragment, version, record)))
+        self.inbox.put(Alignment(fragment, version, params, mine))
 
     def _fate_of_mine(self, fragment: int, version: int, record: dict) -> str | None:
         awaited = self.sent.get(fragment)
         if awaited is None or awaited[0] > version:
             return None
-        del self.sent[fragment]
         round_, sha = awaited
         if round_ != version:
             record = read_commit(self.mailbox, fragment, round_) or {"contributors": []}
+        del self.sent[fragment]
         merged = any(c.get("node") == self.node_id and c.get("blob") == sha for c in record["contributors"])
         residual = self.residual_in_flight.pop(fragment, None)
         if merged and residual is not None:
