@@ -122,11 +122,14 @@ class Courier:
         self._stopping.set()
         self.wake.set()
         self._thread.join()
-        try:
-            self.leadership.release()
-            self.mailbox.delete([keys.node(self.node_id)])  # leave cleanly: nobody waits a lease for us
-        except MailboxError as error:
-            self.emit(Event("mailbox_error", self.node_id, f"while leaving: {error}"))
+        leaving = [self.leadership.release, lambda: self.mailbox.delete([keys.node(self.node_id)])]
+        if self.leadership.is_leader:  # first, a commit whose head.json update failed on the last turn
+            leaving.insert(0, self._recover_head)
+        for part in leaving:  # each its own chance: nobody should wait a lease for a node that left
+            try:
+                part()
+            except (MailboxError, PayloadError) as error:
+                self.emit(Event("mailbox_error", self.node_id, f"while leaving: {error}"))
 
     def live_nodes(self, fresh: bool = False) -> set[str]:
         if fresh:
