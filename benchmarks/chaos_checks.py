@@ -26,14 +26,10 @@ LOST_ANSWER = "failed after the store applied it"
 # Failures caused by bugs known in src/slowlink, by a phrase of their message. Delete an entry once its bug
 # is fixed: the benchmark and tests/chaos then fail on it like on any other failure.
 KNOWN_BUGS = {
-    "yet it was told it missed": "protocol/courier.py: `_deliver` records the new version, and `_fate_of_mine` "
-    "forgets the awaited contribution, before reading the commit of that contribution's round; when the "
-    "read fails, the alignment is lost, the next commit finds nothing awaited, and the merged contribution "
-    "counts as late: its steps are carried into the next contribution and merged again",
-    "the run ended with commits no node adopted": "protocol/courier.py and session.py: a leader whose head.json "
-    "update failed right after its commit, and which then leaves (nothing of its own awaiting that commit), "
-    "stops without retrying, and `align` and joiners read head.json without probing the next round's "
-    "commit by key, so the run's newest commit is never loaded",
+    "the run ended with commits no node adopted": "session.py (`align`, and joining): head.json is read "
+    "without probing the next round's commit by key, so a commit whose head.json update failed is never "
+    "loaded once no leader is left to repair it; a leader that leaves tries the repair once (1bf4760), "
+    "which a store still failing defeats",
 }
 
 
