@@ -27,7 +27,7 @@ from .mailbox.contract import Mailbox
 from .mailbox.metered import Metered
 from .protocol import keys
 from .protocol.courier import Alignment, Contribution, Courier, NodeStatus
-from .protocol.run import Run, newest_params, open_run, read_head, read_run
+from .protocol.run import Run, newest_params, open_run, read_commit, read_head, read_run
 from .protocol.trust import ENVIRONMENT_VARIABLE, RunKey, Signed
 from .wire.encodings import ENCODINGS
 
@@ -424,10 +424,15 @@ def _default_node_id() -> str:
 
 
 def _load_newest(mailbox: Mailbox, run: Run) -> dict[int, tuple[int, dict]]:
-    """The newest commit of every fragment: head.json plus one commit and one blob per fragment."""
+    """The newest commit of every fragment: head.json, then per fragment one probe for the commit after the
+    one it names (a merger may have died between writing a commit and naming it), that commit and its blob."""
     for attempt in range(JOIN_ATTEMPTS):
         versions, _ = read_head(mailbox, len(run.plan))
         assert versions is not None
+        for q, version in enumerate(versions):
+            while read_commit(mailbox, q, version + 1) is not None:
+                version += 1
+            versions[q] = version
         try:
             return {q: newest_params(mailbox, run, q, version) for q, version in enumerate(versions)}
         except PayloadError:

@@ -2,7 +2,7 @@
 newest GC_KEEP_COMMITS commits and the run's initial blobs; round folders go once their round is merged."""
 
 import slowlink as sl
-from slowlink.protocol import keys
+from slowlink.protocol import keys, records
 from slowlink.protocol.merger import GC_KEEP_COMMITS
 from slowlink.protocol.run import read_commit, read_head, read_run
 
@@ -42,5 +42,14 @@ def test_joining_costs_the_same_requests_after_3_rounds_as_after_30():
         counted = Metered(mailbox)
         assert sl.align(tiny_mlp(seed=5), mailbox=counted) == {0: rounds}
         costs[rounds] = dict(counted.requests)
-    # run.json, head.json, then the newest commit and its blob: nothing that grows with the run.
-    assert costs[3] == costs[30] == {"GET": 4}
+    # run.json, head.json, a probe for a commit head.json does not name yet, the newest commit and its blob:
+    # nothing that grows with the run.
+    assert costs[3] == costs[30] == {"GET": 5}
+
+
+def test_a_joiner_finds_a_commit_that_head_json_does_not_name_yet():
+    # A merger that died between writing commit 3 and naming it in head.json, with no leader left to repair it.
+    mailbox = sl.MemoryMailbox()
+    run_nodes(1, sl.DiLoCo(sync_every=1, overlap_steps=0), mailbox, 3)
+    mailbox.put(keys.HEAD, records.encode({"versions": [2]}))
+    assert sl.align(tiny_mlp(seed=5), mailbox=mailbox) == {0: 3}
