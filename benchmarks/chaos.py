@@ -119,11 +119,11 @@ nodes (at least one of them the leader named in leader.json) within 10 s of the 
 restarted under the same node id, some within the lease and some after it.
 
 Checks after each schedule, from the store and the learners' logs: every life not killed exited 0 after
-its steps; each fragment's commits run 1..n unbroken, n being what head.json names; every contributor of
-a commit logged sending that contribution (paired by payload sha), none counted twice, and no node was
-told that a merged contribution missed its round; every life that exited accounts for each fragment-step
-it trained (merged while it ran, or reported in `steps_unmerged` or `steps_unconfirmed`); the committed
-model is finite and its held-out loss is below the initial model's.
+its steps; each fragment's commits run 1..n unbroken; every contributor of a commit logged sending that
+contribution (paired by payload sha), none is counted twice, and no node was told that a merged
+contribution missed its round; every life that exited accounts for each fragment-step it trained
+(merged while it ran, or reported in `steps_unmerged` or `steps_unconfirmed`); `sl.align` loads each
+fragment's newest commit, and that model is finite with a held-out loss below the initial model's.
 
 Faults: reported by the lives that exited + at least those of killed lives. Work lost, in fragment-steps
 (a step counts once per fragment): of lives that exited (reported unmerged, or unconfirmed and in no
@@ -140,9 +140,8 @@ nodes' requests, faulted ones included, over the rounds committed.
 
 {chr(10).join(failures) or "None."}
 
-Failures marked "known bug" carry a phrase of a bug known in src/slowlink (benchmarks/chaos_checks.py):
-
-{chr(10).join(bugs)}
+Bugs known in src/slowlink, by a phrase of the failures they cause (benchmarks/chaos_checks.py):
+{chr(10).join(bugs) or "none at present."}
 
 ### Longest stall of each schedule, and what happened in it
 
