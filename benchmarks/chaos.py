@@ -11,6 +11,7 @@ figures into docs/BENCHMARKS.md; tests/chaos/test_chaos.py runs the same code in
 import argparse
 import math
 import shutil
+import statistics
 import sys
 import tempfile
 import uuid
@@ -66,13 +67,14 @@ def row(seed: int, store: str, o: Outcome) -> list:
     faults = sum(o.faults_finished.values())
     return [seed, store, f"{o.kills} ({o.leader_kills})", o.restarts, o.joins,
             f"{faults} + ≥{sum(o.faults_killed.values())}", o.rounds, f"{o.stall:.1f}",
+            f"{max(o.takeovers):.1f}" if o.takeovers else "-",
             f"{o.lost_finished} + {o.lost_killed}", f"{o.requests / max(1, o.rounds):.0f}",
             f"{o.loss_initial:.2f} → {o.loss_final:.2f}", f"{o.seconds:.0f}",
             "pass" if not o.failures else f"FAIL ({len(o.failures)})"]  # fmt: skip
 
 
 HEADER = ["seed", "store", "kills (leader)", "restarts", "late joins", "faults injected", "rounds",
-          "longest stall s", "work lost", "requests / round", "held-out loss", "wall s", "checks"]  # fmt: skip
+          "longest stall s", "new leader after kill s", "work lost", "requests / round", "held-out loss", "wall s", "checks"]  # fmt: skip
 
 
 def summary(results: list[tuple[int, str, Outcome]]) -> str:
@@ -83,6 +85,7 @@ def summary(results: list[tuple[int, str, Outcome]]) -> str:
         finished.update(o.faults_finished)
         killed.update(o.faults_killed)
     rounds = sum(o.rounds for o in outcomes)
+    takeovers = [seconds for o in outcomes for seconds in o.takeovers]
     worst = max(results, key=lambda result: result[2].stall)
     kinds = ", ".join(f"{kind} {finished[kind] + killed[kind]}" for kind in sorted(finished | killed))
     return "\n".join([
@@ -96,6 +99,9 @@ def summary(results: list[tuple[int, str, Outcome]]) -> str:
         f"- rounds committed: {rounds}; requests per round under faults: "
         f"{sum(o.requests for o in outcomes) / max(1, rounds):.0f} (every node's requests, faulted ones included)",
         f"- longest stall: {worst[2].stall:.1f} s (seed {worst[0]}, {worst[1]}): {worst[2].stall_cause}",
+        f"- a new leader after a leader's kill (lease {LEASE_SECONDS} s; a restarted node takes its own "
+        f"leadership back at once): median {statistics.median(takeovers):.1f} s, longest {max(takeovers):.1f} s "
+        f"over {len(takeovers)} leader kills" if takeovers else "- no leader kill fired",
         f"- work lost: {sum(o.lost_finished for o in outcomes)} fragment-steps of lives that exited (reported "
         f"unmerged, or unconfirmed and in no commit since), {sum(o.lost_killed for o in outcomes)} trained by "
         "killed lives after their last merged contribution",
@@ -115,8 +121,8 @@ one model over a DirMailbox and over S3 (moto's server on 127.0.0.1), each learn
 writes after the store applied them. `DiLoCo({", ".join(f"{k}={v}" for k, v in ALGORITHM.items())})`,
 `Session(lease_seconds={LEASE_SECONDS}, poll_seconds={SESSION["poll_seconds"]}, close_timeout={SESSION["close_timeout"]})`.
 Each seeded schedule starts two or three nodes, joins the others late, and SIGKILLs two or three running
-nodes (at least one of them the leader named in leader.json) within 10 s of the first commit; most are
-restarted under the same node id, some within the lease and some after it.
+nodes (at least one of them the leader named in leader.json) between 5% and 60% of the way through the
+first nodes' steps; most are restarted under the same node id, some within the lease and some after it.
 
 Checks after each schedule, from the store and the learners' logs: every life not killed exited 0 after
 its steps; each fragment's commits run 1..n unbroken; every contributor of a commit logged sending that

@@ -106,6 +106,7 @@ class Outcome:
     rounds: int = 0
     stall: float = 0.0
     stall_cause: str = ""
+    takeovers: list[float] = field(default_factory=list)  # seconds from each leader kill to a new term
     lost_finished: int = 0  # fragment-steps of lives that exited: unmerged, or unconfirmed and never merged
     lost_killed: int = 0  # fragment-steps of killed lives after their last merged contribution
     loss_initial: float = math.nan
@@ -359,6 +360,14 @@ def measure(
                 merged_at = max((sent["step"] for sent in merged.get((index, fragment), [])), default=0)
                 outcome.lost_killed += last - merged_at
     outcome.stall, outcome.stall_cause = longest_stall(played, lives, fragments)
+    for when, kind, _ in played.done:
+        if kind == "kill_leader" and (took := next_leader(played, when)) is not None:
+            outcome.takeovers.append(took[0] - when)
+
+
+def next_leader(played, after: float) -> tuple[float, str] | None:
+    """The first new term in leader.json after `after` (the killed node's restarted life included)."""
+    return next(((t, node) for t, node, _ in played.leaders if t > after and node), None)
 
 
 def longest_stall(played, lives: list[LifeRecord], fragments: int) -> tuple[float, str]:
@@ -379,9 +388,10 @@ def longest_stall(played, lives: list[LifeRecord], fragments: int) -> tuple[floa
     causes = []
     for when, kind, node in played.done:
         if kind in ("kill", "kill_leader") and start - 1.0 <= when <= end:
-            took = next(((t, n) for t, n, _ in played.leaders if t > when and n not in ("", node)), None)
+            took = next_leader(played, when)
+            successor = took and (f"{took[1]}'s restarted life" if took[1] == node else took[1])
             causes.append(f"{'leader ' if kind == 'kill_leader' else ''}{node} killed at t={when:.1f}s"
-                          + (f", {took[1]} leading from t={took[0]:.1f}s" if kind == "kill_leader" and took else ""))  # fmt: skip
+                          + (f", {successor} leading from t={took[0]:.1f}s" if kind == "kill_leader" and took else ""))  # fmt: skip
     written = played.written_times.get((fragment, round_ + 1))
     if written is not None and end - written > 1.0:
         named = f"only at t={end:.1f}s" if (fragment, round_ + 1) in played.commit_times else "never"

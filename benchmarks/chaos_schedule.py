@@ -23,11 +23,11 @@ MONITOR_SECONDS = 0.1
 
 @dataclass(frozen=True)
 class Action:
-    """One disturbance, `at` seconds after the first commit shows in the store: the run is under way
-    then, however long the machine took to start the processes."""
+    """One disturbance, once the furthest node has trained the share `at` of its steps: progress, not wall
+    time, so that a kill lands mid-run however fast or busy the machine is."""
 
     kind: str  # "join" (start `node`), "kill" (a random running node), "kill_leader"
-    at: float
+    at: float  # share of a life's steps, 0..1
     node: str | None = None  # join: which node
     restart_after: float | None = None  # kill: seconds until the victim restarts under its id; None: never
 
@@ -40,20 +40,20 @@ class Schedule:
     actions: tuple[Action, ...]
 
 
-def make_schedule(seed: int, *, nodes: int = 4, lease_seconds: float = 3.0, span: float = 10.0) -> Schedule:
-    """One or two late joiners and two or three kills (at least one of the leader) within `span` seconds
-    of the first commit; most kills are followed by a restart, some within the lease (the node takes its
-    own leadership back), some after it (another node has taken over)."""
+def make_schedule(seed: int, *, nodes: int = 4, lease_seconds: float = 3.0) -> Schedule:
+    """One or two late joiners, and two or three kills (at least one of the leader) between 5% and 60% of
+    the way through the first nodes' steps; most kills are followed by a restart, some within the lease
+    (the node takes its own leadership back), some after it (another node has taken over)."""
     rng = random.Random(seed)
     names = tuple(f"node-{i}" for i in range(nodes))
     late = rng.choice([1, 1, 2])
-    actions = [Action("join", rng.uniform(0, span), node=name) for name in names[-late:]]
+    actions = [Action("join", rng.uniform(0.0, 0.5), node=name) for name in names[-late:]]
     kinds = ["kill_leader"] + [rng.choice(["kill", "kill_leader"]) for _ in range(rng.randint(1, 2))]
     restarts = [rng.uniform(0.2, 2 * lease_seconds) if rng.random() < 0.75 else None for _ in kinds]
     if all(after is None for after in restarts):
         restarts[0] = rng.uniform(0.2, 2 * lease_seconds)
     actions += [
-        Action(kind, rng.uniform(0.5, span), restart_after=after)
+        Action(kind, rng.uniform(0.05, 0.6), restart_after=after)
         for kind, after in zip(kinds, restarts, strict=True)
     ]
     actions.sort(key=lambda action: action.at)
@@ -74,6 +74,8 @@ class Life:
     ended: float | None = None
     killed: bool = False
     returncode: int | None = None
+    trained: int = 0  # steps, as its log last said
+    read_to: int = 0  # bytes of its log read so far
 
 
 @dataclass
@@ -114,7 +116,6 @@ class Conductor:
         for node in self.schedule.first:
             self.start(node)
         pending = list(self.schedule.actions)
-        first_commit = None
         while True:
             now = self.clock()
             self.reap()
@@ -123,11 +124,10 @@ class Conductor:
                 if when <= now and node not in self.running():
                     self.restarts.remove((when, node))
                     self.start(node)
-            if first_commit is None and sum(self.head) > 0:
-                first_commit = now
+            progress = self.progress()
             for action in list(pending):
                 # A join whose moment never comes (every node finished first) starts anyway.
-                due = first_commit is not None and now >= first_commit + action.at
+                due = progress >= action.at * self.worker_args["steps"]
                 if (due or (action.kind == "join" and not self.running())) and self.fire(action):
                     pending.remove(action)
             if not self.running() and not self.restarts and all(a.kind != "join" for a in pending):
@@ -144,6 +144,22 @@ class Conductor:
 
     def running(self) -> dict[str, Life]:
         return {life.node: life for life in self.played.lives if life.ended is None}
+
+    def progress(self) -> int:
+        """The most steps any life has trained so far, from the progress lines of the lives' logs (each read
+        on from where the last look stopped, whole lines only)."""
+        for life in self.running().values():
+            if not life.log.exists():
+                continue
+            with open(life.log, "rb") as log:
+                log.seek(life.read_to)
+                chunk = log.read()
+            whole = chunk[: chunk.rfind(b"\n") + 1]
+            life.read_to += len(whole)
+            for line in whole.splitlines():
+                if b'"progress"' in line:
+                    life.trained = max(life.trained, json.loads(line)["step"])
+        return max((life.trained for life in self.played.lives), default=0)
 
     def reap(self) -> None:
         for life in self.running().values():

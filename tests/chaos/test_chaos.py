@@ -19,13 +19,13 @@ from chaos_schedule import Action, Schedule, make_schedule  # noqa: E402
 from tests.s3server import s3_endpoint  # noqa: E402, F401
 
 NODES = ("node-0", "node-1", "node-2", "node-3")
-# Three nodes start; a second after the first commit the leader is killed and restarted a second after
-# that, under the same node id; node-3 joins late.
+# Three nodes start; node-3 joins 10% of the way through their steps; at 25% the leader is killed, and
+# restarted under the same node id a second later.
 SCHEDULE = Schedule(
     seed=7,
     nodes=NODES,
     first=NODES[:3],
-    actions=(Action("join", 0.5, node="node-3"), Action("kill_leader", 1.0, restart_after=1.0)),
+    actions=(Action("join", 0.1, node="node-3"), Action("kill_leader", 0.25, restart_after=1.0)),
 )
 STEPS = 150
 
