@@ -209,14 +209,28 @@ def match_contributors(commits: dict, lives: list[LifeRecord], outcome: Outcome)
                 unused[match[0]].remove(match[1])
                 merged.setdefault((match[0], fragment), []).append(match[1])
                 continue
-            why = explain_unlogged(lives, node, fragment, round_)
-            if why is None:
+            lost = lost_answer(lives, node, fragment, round_)
+            if lost is not None:
+                # Its record landed, its answer lost: the node awaited this commit all the same (check_fates
+                # says whether it was told so), but never logged the contribution as sent.
+                index, step = lost
+                unlogged = {
+                    "fragment": fragment,
+                    "round": round_,
+                    "step": step,
+                    "steps": contributor["steps"],
+                }
+                merged.setdefault((index, fragment), []).append(unlogged)
+                outcome.notes.append(
+                    f"commit {fragment}/{round_}: {lives[index].name}'s record landed, its answer lost"
+                )
+            elif killed_while_sending(lives, node, fragment, round_):
                 outcome.notes.append(
                     f"commit {fragment}/{round_}: {node}'s contribution was sent as it was killed"
                 )
             else:
                 outcome.fail("contributors", f"commit {fragment}/{round_} counts {node} ({contributor['steps']} "
-                             f"steps), which never logged sending it: {why}")  # fmt: skip
+                             "steps), which never logged sending it, and no lost answer or kill explains it")  # fmt: skip
     return merged, unused
 
 
@@ -245,22 +259,28 @@ def check_fates(lives: list[LifeRecord], merged: dict, outcome: Outcome) -> None
                          "(contribution_late) and carried those steps into its next contribution: merged twice")  # fmt: skip
 
 
-def explain_unlogged(lives: list[LifeRecord], node: str, fragment: int, round_: int) -> str | None:
-    """Why a commit counts a contribution its node never logged; None when a kill explains it (the record
-    was written, the process died before logging)."""
+def lost_answer(lives: list[LifeRecord], node: str, fragment: int, round_: int) -> tuple[int, int] | None:
+    """The life of `node` whose PUT of this contribution's record landed with its answer lost, and the step
+    it had reached by then (its last progress line); None if no life logged such a failure."""
     key = keys.contribution(fragment, round_, node)
-    for life in lives:
-        for _, message in life.errors() if life.node == node else []:
-            if f"PUT {key} {LOST_ANSWER}" in message:
-                return (f"{life.name}'s PUT of {key} landed but its answer was lost, so the node took the round "
-                        "as committed without it and carried the same steps into its next contribution: "
-                        "those steps are merged twice")  # fmt: skip
-    for life in lives:
-        if life.node == node and life.killed:
-            rounds = [sent["round"] for sent in life.sent() if sent["fragment"] == fragment]
-            if max(rounds, default=0) < round_:
-                return None
-    return "no lost answer or kill explains it"
+    for index, life in enumerate(lives):
+        step = 0
+        for event in life.events if life.node == node else []:
+            if event["kind"] == "progress":
+                step = event["step"]
+            elif event["kind"] == "mailbox_error" and f"PUT {key} {LOST_ANSWER}" in event["message"]:
+                return index, step
+    return None
+
+
+def killed_while_sending(lives: list[LifeRecord], node: str, fragment: int, round_: int) -> bool:
+    """A killed life of `node` logged nothing for this round of this fragment or a later one: its record may
+    have landed as it died, before it could log."""
+    return any(
+        life.node == node and life.killed
+        and max((sent["round"] for sent in life.sent() if sent["fragment"] == fragment), default=0) < round_
+        for life in lives
+    )  # fmt: skip
 
 
 def check_accounting(lives: list[LifeRecord], commits: dict, merged: dict, unused: list, fragments: int,

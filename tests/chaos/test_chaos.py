@@ -94,6 +94,23 @@ def test_the_checks_pair_two_lives_contributing_to_one_round_by_their_payload():
     assert outcome.failures == [] and outcome.notes == ["commit 0/1: 2 lives of node-0 contributed"]
 
 
+def test_the_checks_count_a_record_that_landed_with_its_answer_lost_as_merged_for_its_node():
+    # node-0's PUT of its record for fragment 0 round 1 landed but failed, so it never logged sending it;
+    # commit 0/1 counts its 20 steps. They are the node's merged steps, unless it was told they missed.
+    progress = {"kind": "progress", "step": 20}
+    lost = {"kind": "mailbox_error", "message": "injected failure (Faulty, seed 1): PUT rounds/0000/0000000001/"
+            "node-0.json failed after the store applied it; its answer was lost"}  # fmt: skip
+    late = {"kind": "contribution_late", "data": {"fragment": 0, "round": 1, "steps": 20}}
+    commits = {(0, 1): {"contributors": [{"node": "node-0", "steps": 20}]}}
+    for events, failures in (([progress, lost], 0), ([progress, lost, late], 1)):
+        lives = [LifeRecord("node-0", 0, False, 0, 9.0, events, None, "")]
+        outcome = Outcome()
+        merged, _ = match_contributors(commits, lives, outcome)
+        check_fates(lives, merged, outcome)
+        assert merged == {(0, 0): [{"fragment": 0, "round": 1, "step": 20, "steps": 20}]}
+        assert len(outcome.failures) == failures, outcome.failures
+
+
 def test_the_checks_flag_a_merged_contribution_its_node_was_told_had_missed_the_round():
     # node-0's 20 steps to fragment 0 round 1 are in commit 0/1, but its log says the round was committed
     # without them (contribution_late): it carried those steps into its next contribution.
