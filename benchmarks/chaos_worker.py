@@ -86,16 +86,18 @@ def main(args: dict) -> None:
     # The session is already entered, so it is left by hand: __exit__ with the training loop's exception.
     try:
         for step in range(1, args["steps"] + 1):
-            train_step(model, optimizer, windows.next_batch(args["batch"]), lr=PEAK_LR * min(1.0, step / 20))
+            loss = train_step(
+                model, optimizer, windows.next_batch(args["batch"]), lr=PEAK_LR * min(1.0, step / 20)
+            )
             session.step(samples=args["batch"])
             if step % PROGRESS_EVERY == 0:
-                log_progress(log, step, faulty)
+                log_progress(log, step, faulty, loss)
     except BaseException:
         session.__exit__(*sys.exc_info())
         raise
     session.__exit__(None, None, None)
     stats = session.stats
-    log_progress(log, stats.step, faulty)
+    log_progress(log, stats.step, faulty, None)
     result = {
         "stats": dataclasses.asdict(stats),
         "faults": dict(faulty.faults),
@@ -104,8 +106,10 @@ def main(args: dict) -> None:
     Path(args["out"]).write_text(json.dumps(result))
 
 
-def log_progress(log: EventLog, step: int, faulty: Faulty) -> None:
-    log.write("progress", step=step, faults=dict(faulty.faults), requests=sum(faulty.requests.values()))
+def log_progress(log: EventLog, step: int, faulty: Faulty, loss: float | None) -> None:
+    log.write(
+        "progress", step=step, loss=loss, faults=dict(faulty.faults), requests=sum(faulty.requests.values())
+    )
 
 
 def fault_seed(args: dict) -> int:
