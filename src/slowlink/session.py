@@ -27,11 +27,9 @@ from .mailbox.contract import Mailbox
 from .mailbox.metered import Metered
 from .protocol import keys
 from .protocol.courier import Alignment, Contribution, Courier, NodeStatus
-from .protocol.run import Run, newest_params, open_run, read_commit, read_head, read_run
+from .protocol.run import load_newest, open_run, read_run
 from .protocol.trust import ENVIRONMENT_VARIABLE, RunKey, Signed
 from .wire.encodings import ENCODINGS
-
-JOIN_ATTEMPTS = 5  # a joiner may race garbage collection of the commit it read; it then reads head again
 
 
 @dataclass(frozen=True)
@@ -146,7 +144,7 @@ class Session:
             key_id=self.run_key.key_id if self.run_key else None,
         )
         self.plan = self.run.plan
-        latest = _load_newest(self.mailbox, self.run)
+        latest = load_newest(self.mailbox, self.run)
         for _, params in latest.values():
             self.adapter.assign(params)  # a joiner starts from the committed model
         self._anchors = dict(latest)
@@ -423,25 +421,6 @@ def _default_node_id() -> str:
     return f"{host}-{os.getpid()}"
 
 
-def _load_newest(mailbox: Mailbox, run: Run) -> dict[int, tuple[int, dict]]:
-    """The newest commit of every fragment: head.json, then per fragment one probe for the commit after the
-    one it names (a merger may have died between writing a commit and naming it), that commit and its blob."""
-    for attempt in range(JOIN_ATTEMPTS):
-        versions, _ = read_head(mailbox, len(run.plan))
-        assert versions is not None
-        for q, version in enumerate(versions):
-            while read_commit(mailbox, q, version + 1) is not None:
-                version += 1
-            versions[q] = version
-        try:
-            return {q: newest_params(mailbox, run, q, version) for q, version in enumerate(versions)}
-        except PayloadError:
-            if attempt == JOIN_ATTEMPTS - 1:
-                raise
-            time.sleep(0.1 * (attempt + 1))  # the commit we read was collected meanwhile: read head again
-    raise AssertionError("unreachable")
-
-
 def _trusted(mailbox: Mailbox, run_key: RunKey | None) -> Mailbox:
     """With a run key, the mailbox as the protocol sees it: every record signed on write, checked on read."""
     return mailbox if run_key is None else Signed(mailbox, run_key)
@@ -461,7 +440,7 @@ def align(model: object, *, mailbox: Mailbox, run_key: str | bytes | None = None
             f"this run is signed with run key {run.key_id}: pass run_key= (or set {ENVIRONMENT_VARIABLE})"
         )
     compare_schemas(adapter.schema, run.schema)
-    newest = _load_newest(mailbox, run)
+    newest = load_newest(mailbox, run)
     for _, params in newest.values():
         adapter.assign(params)
     return {q: version for q, (version, _) in newest.items()}

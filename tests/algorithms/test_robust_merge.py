@@ -275,10 +275,28 @@ def test_the_outlier_limit_is_strictly_above_factor_times_the_median():
     assert list(norm_outliers({"a": 1.0, "b": 1.0, "c": 10.001}, factor=10)) == ["c"]
 
 
-def test_one_or_two_contributions_are_never_outliers_by_size():
+def test_one_or_two_contributions_are_no_outliers_by_size_without_history():
     assert norm_outliers({}, factor=10) == {}
     assert norm_outliers({"a": 1e12}, factor=10) == {}
     assert norm_outliers({"a": 1.0, "b": 1e12}, factor=10) == {}
+
+
+def test_one_or_two_contributions_are_judged_against_the_largest_recently_merged_norm():
+    # history: norms 0.5, 2 and 1 were merged lately; the largest is 2, so 20 passes and 20.01 does not.
+    history = [0.5, 2.0, 1.0]
+    assert norm_outliers({"a": 20.0}, factor=10, history=history) == {}
+    flagged = norm_outliers({"a": 20.01}, factor=10, history=history)
+    assert "times 2, the largest norm of the fragment's 3 recently merged" in flagged["a"]
+    # of two, the other's norm is no reference (a flush of a few steps is small); the history is
+    assert norm_outliers({"a": 0.01, "b": 15.0}, factor=10, history=history) == {}
+    assert list(norm_outliers({"a": 0.01, "b": 1e30}, factor=10, history=history)) == ["b"]
+    # with three or more, the round's own median decides, as before
+    assert norm_outliers({"a": 1.0, "b": 1.0, "c": 15.0}, factor=10, history=[100.0]) == {"c": mock_any()}
+
+
+class mock_any:  # noqa: N801 — equal to any reason string
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str)
 
 
 def test_of_three_only_a_lone_large_norm_is_an_outlier():

@@ -49,12 +49,12 @@ def test_a_round_retried_after_a_failed_write_applies_the_outer_momentum_once():
     live = lambda fresh: {"n"}  # noqa: E731
 
     contribute(mailbox, run, 1, 1.0)
-    [first] = merger.step({0: (0, {"w": np.zeros(1, np.float32)})}, live)
+    [first] = merger.step({0: (0, {"w": np.zeros(1, np.float32)})}, live, [0])
     contribute(mailbox, run, 2, 1.0)
     mailbox.armed = True
     with pytest.raises(MailboxUnavailable):
-        merger.step({0: (1, first.params)}, live)  # fails writing round 2's parameters
-    [second] = merger.step({0: (1, first.params)}, live)  # as the Courier's next turn does
+        merger.step({0: (1, first.params)}, live, [1])  # fails writing round 2's parameters
+    [second] = merger.step({0: (1, first.params)}, live, [1])  # as the Courier's next turn does
 
     np.testing.assert_allclose(first.params["w"], [-1.33], rtol=1e-6)
     np.testing.assert_allclose(second.params["w"], [-3.227], rtol=1e-6)

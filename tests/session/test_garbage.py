@@ -1,9 +1,9 @@
 """Garbage collection keeps exactly what joiners and a new merger may need: the blobs of each fragment's
-newest GC_KEEP_COMMITS commits and the run's initial blobs; round folders go once their round is merged."""
+newest KEEP_COMMITS commits and the run's initial blobs; round folders go once their round is merged."""
 
 import slowlink as sl
 from slowlink.protocol import keys, records
-from slowlink.protocol.merger import GC_KEEP_COMMITS
+from slowlink.protocol.run import KEEP_COMMITS
 from slowlink.protocol.run import read_commit, read_head, read_run
 
 from .nodes import run_nodes, tiny_mlp
@@ -22,7 +22,7 @@ def test_only_the_newest_commits_blobs_and_the_initial_ones_remain_and_a_joiner_
         for round_ in range(1, head[fragment] + 1):
             record = read_commit(mailbox, fragment, round_)  # the history itself is never collected
             assert record is not None
-            if round_ > head[fragment] - GC_KEEP_COMMITS:
+            if round_ > head[fragment] - KEEP_COMMITS:
                 expected |= {record["params"], record["outer_state"], record["change"]}
     stored = {listing.key.removeprefix("blobs/") for listing in mailbox.list("blobs/")}
     assert stored == expected  # nothing needed is gone, nothing else is left

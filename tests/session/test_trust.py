@@ -22,7 +22,18 @@ OTHER_KEY = "o" * 32
 
 
 def signed_view(mailbox, key: str = KEY) -> Signed:
-    return Signed(mailbox, RunKey(key))
+    """The store as a node with `key` sees it, bound to the run its run.json names (if any, and if valid)."""
+    view = Signed(mailbox, RunKey(key))
+    try:
+        view.get(keys.RUN)
+    except sl.PayloadError:
+        pass
+    return view
+
+
+def signed_here(mailbox, key: str, body: bytes) -> bytes:
+    """`body` signed with the run's key and bound to this mailbox's run, as its nodes sign it."""
+    return RunKey(KEY).sign(key, body, signed_view(mailbox).run_id)
 
 
 def test_a_signed_run_trains_and_every_record_in_the_store_is_signed():
@@ -100,17 +111,21 @@ def plant(mailbox, node: str, write, *, round_: int = 1, at_round: int | None = 
 FORGERIES = {
     "unsigned": (lambda mailbox, key, body: mailbox.put(key, body), "unsigned"),
     "signed with another key": (
-        lambda mailbox, key, body: signed_view(mailbox, OTHER_KEY).put(key, body),
+        lambda mailbox, key, body: mailbox.put(
+            key, RunKey(OTHER_KEY).sign(key, body, signed_view(mailbox).run_id)
+        ),
         "signed with run key",
     ),
     "altered after signing": (
         lambda mailbox, key, body: mailbox.put(
-            key, RunKey(KEY).sign(key, body).replace(b'"samples":4', b'"samples":9')
+            key, signed_here(mailbox, key, body).replace(b'"samples":4', b'"samples":9')
         ),
         "forged signature",
     ),
     "moved to another round": (
-        lambda mailbox, key, body: mailbox.put(key, RunKey(KEY).sign(keys.contribution(0, 7, "evil"), body)),
+        lambda mailbox, key, body: mailbox.put(
+            key, signed_here(mailbox, keys.contribution(0, 7, "evil"), body)
+        ),
         "forged signature",
     ),
 }
@@ -155,11 +170,10 @@ def test_align_checks_the_key_of_a_signed_run():
 def test_a_forged_leader_and_head_do_not_stop_a_signed_run():
     mailbox = sl.MemoryMailbox()
     model = tiny_mlp()
-    view = signed_view(mailbox)
 
     def leader_is_signed_and_ours() -> bool:
         try:
-            found = view.get(keys.LEADER)
+            found = signed_view(mailbox).get(keys.LEADER)
         except sl.PayloadError:
             return False
         return records.decode(found.data, records.LEADER_FIELDS, what="leader")["node"] == "a"
@@ -181,5 +195,6 @@ def test_a_forged_leader_and_head_do_not_stop_a_signed_run():
         # at once; meanwhile its create-once commits go on.
         assert time.monotonic() - forged_at < 4.0
         assert session.stats.is_leader and session.stats.versions[0] >= 6
+    view = signed_view(mailbox)
     assert read_commit(view, 0, 6) is not None
     assert read_head(view, 1)[0][0] >= 6  # head.json signed again, rebuilt from the commits

@@ -7,7 +7,7 @@ Both rules must see the whole round before they can merge: they hold every contr
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -125,15 +125,17 @@ class NormClippedMean:
         return total
 
 
-def norm_outliers(norms: Mapping[str, float], factor: float) -> dict[str, str]:
-    """The nodes whose ‖Δ‖ exceeds `factor` × the median norm of the round's other contributions, each
-    mapped to the reason (norm, median, factor) a merger records when it rejects it. Sorted by node.
+def norm_outliers(norms: Mapping[str, float], factor: float, history: Sequence[float] = ()) -> dict[str, str]:
+    """The nodes whose ‖Δ‖ is too large, each mapped to the reason (norm, reference, factor) a merger
+    records when it rejects it. Sorted by node.
 
-    With fewer than OUTLIER_MIN_CONTRIBUTIONS (3) contributions nothing is flagged by size: the "median
-    of the others" would be a single norm, and of two nodes that disagree either may be the honest one
-    (a node flushing a few steps has a small Δ; rejecting its partner would lose the round's real work).
-    Nor is anything flagged against a zero median, which gives no scale. A non-finite norm is always
-    flagged, and left out of the others' medians.
+    With at least two other contributions in the round, a norm above `factor` × their median is flagged.
+    With fewer (one or two contributions: what quorum_size=1 gives whenever a node is late), a norm above
+    `factor` × the largest of `history`, the norms of the fragment's recently merged contributions as the
+    merger measured them, is flagged. The other node's norm is no reference: of two nodes that disagree
+    either may be the honest one (a node flushing a few steps has a small Δ), so only a jump far above
+    everything merged lately counts. With no history, nothing is flagged by size; nor against a zero
+    reference. A non-finite norm is always flagged, and left out of the others' references.
     """
     _require_number("factor", factor, 1.0, None, lower_open=True,
                     hint="how many medians a norm may reach; 10 catches blow-ups, not honest spread")  # fmt: skip
@@ -146,15 +148,50 @@ def norm_outliers(norms: Mapping[str, float], factor: float) -> dict[str, str]:
             flagged[node] = f"its Δ's L2 norm is {norm}, not a finite number"
             continue
         others = [other for name, other in norms.items() if name != node and math.isfinite(other)]
-        if len(others) < OUTLIER_MIN_CONTRIBUTIONS - 1:
+        if len(others) >= OUTLIER_MIN_CONTRIBUTIONS - 1:
+            reference, against = (
+                statistics.median(others),
+                f"the median norm of the round's {len(others)} other contributions",
+            )
+        elif history := [value for value in history if math.isfinite(value)]:
+            reference = max(history)
+            against = f"the largest norm of the fragment's {len(history)} recently merged contributions"
+        else:
             continue
-        median = statistics.median(others)
-        if median > 0 and norm > factor * median:
+        if reference > 0 and norm > factor * reference:
             flagged[node] = (
-                f"its Δ's L2 norm {norm:.6g} is {norm / median:.3g} times {median:.6g}, the median norm of "
-                f"the round's {len(others)} other contributions, above the limit of {factor:g} times"
+                f"its Δ's L2 norm {norm:.6g} is {norm / reference:.3g} times {reference:.6g}, {against}, "
+                f"above the limit of {factor:g} times"
             )
     return flagged
+
+
+def bounded_claims(
+    claims: Mapping[str, tuple[int, int]],
+    history: Mapping[str, Sequence[float]],
+    *,
+    sync_every: int,
+    ratio: float,
+) -> dict[str, tuple[int, int]]:
+    """The (samples, steps) each node's contribution is weighted by, bounded so that no node buys the round
+    by what it reports about itself (claims: node -> its reported samples and steps):
+        steps ≤ ratio·H        (H = sync_every; more is carried work from rounds long gone)
+        samples/steps ≤ ratio·s_others and ≤ ratio·s_own
+    with s_others the lower median of the round's other nodes' samples per step and s_own the median of
+    the node's own recent ones (`history`). One node claiming 10¹² samples beside an honest node's 64 then
+    counts for at most `ratio` times as much, not for the whole round; honest nodes of different batch
+    sizes and speeds keep their weights within that ratio. With one contribution its weight is moot."""
+    per_step = {node: samples / max(steps, 1) for node, (samples, steps) in claims.items()}
+    bounded = {}
+    for node, (samples, steps) in claims.items():
+        steps = min(steps, int(ratio * sync_every))
+        limits = [per_step[node]]
+        if others := [value for name, value in per_step.items() if name != node]:
+            limits.append(ratio * statistics.median_low(others))
+        if history.get(node):
+            limits.append(ratio * statistics.median(history[node]))
+        bounded[node] = (min(samples, math.floor(min(limits) * steps)), steps)
+    return bounded
 
 
 def l2_norm(arrays: Mapping[str, np.ndarray]) -> float:

@@ -6,6 +6,7 @@ fragment's next round. It talks to the training thread through two queues only: 
 alignments (new commits, and whether they hold this node's contribution) out.
 """
 
+import os
 import queue
 import threading
 import time
@@ -25,7 +26,7 @@ from ..wire.error_feedback import encode_arrays_with_feedback
 from . import keys, records
 from .leader import Leadership, Liveness
 from .merger import Merger
-from .run import Run, advance_head, load_change, load_params, read_commit, read_head
+from .run import Run, advance_head, load_change, load_params, probe_newest, read_commit, read_head
 
 Arrays = dict[str, np.ndarray]
 
@@ -106,6 +107,7 @@ class Courier:
         self.head = [version for version, _ in (latest[q] for q in range(len(run.plan)))]
         self._head_etag: str | None = None
         self._beat = 0
+        self.life = os.urandom(8).hex()  # tells this life's beats from an earlier one's under the same id
         self._last_beat = float("-inf")
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"slowlink-{node_id}", daemon=True)
@@ -245,7 +247,10 @@ class Courier:
             self.head = [max(old, new) for old, new in zip(self.head, versions, strict=True)]
         for fragment in range(self.fragments):
             if self.head[fragment] > self.latest[fragment][0]:
-                self._fetch_commit(fragment, self.head[fragment])
+                try:
+                    self._fetch_commit(fragment, self.head[fragment])
+                except PayloadError as error:  # this fragment waits for a readable commit; the others go on
+                    self.emit(Event("mailbox_error", self.node_id, str(error), {"error": "PayloadError"}))
 
     def _fetch_commit(self, fragment: int, version: int) -> None:
         record = read_commit(self.mailbox, fragment, version)
@@ -309,29 +314,58 @@ class Courier:
             "step_seconds": status.step_seconds,
             "versions": [version for version, _ in (self.latest[q] for q in range(self.fragments))],
             "leader": self.leadership.is_leader,
+            "life": self.life,
         }
         self.mailbox.put(keys.node(self.node_id), records.encode(lease))
         self._last_beat = time.monotonic()
         self._observe_leases()
 
     def _observe_leases(self) -> None:
-        listing = self.mailbox.list(keys.NODES)
-        self.liveness.observe_listing({item.key: item.etag for item in listing})
+        """List nodes/, then read the leases whose content changed: a node is live while its beat rises.
+        Keys slowlink does not write, and leases that fail their checks, count for nothing."""
+        present = {}
+        for item in self.mailbox.list(keys.NODES):
+            node = keys.parse_node(item.key)
+            if node is None or node == self.node_id:
+                continue
+            present[item.key] = item.etag
+            if self.liveness.due(item.key, item.etag):
+                try:
+                    beat = self._read_lease(item.key, node)
+                except MailboxError:
+                    continue  # read again on the next look
+                self.liveness.observe(item.key, item.etag, beat)
+        self.liveness.forget_absent(present)
+
+    def _read_lease(self, key: str, node: str) -> tuple[str, int] | None:
+        try:
+            found = self.mailbox.get(key)
+            if found is None or found.data is None:
+                return None
+            record = records.decode(found.data, records.LEASE_FIELDS, what=key)
+            if record["node"] != node:
+                raise PayloadError(f"{key} names node {record['node']!r}")
+            life = record.get("life", "")
+            if not isinstance(life, str):
+                raise PayloadError(f"{key} field 'life' is not a string")
+            return life, record["beat"]
+        except PayloadError as error:
+            self.emit(Event("lease_ignored", self.node_id, f"{key} counts for no live node: {error}",
+                            {"key": key, "reason": str(error)}))  # fmt: skip
+            return None
 
     def _recover_head(self) -> None:
         """A new leader finishes what a crashed one left: commits written but not yet in head.json."""
         for fragment in range(self.fragments):
-            round_ = self.head[fragment]
-            while read_commit(self.mailbox, fragment, round_ + 1) is not None:
-                round_ += 1
+            round_ = probe_newest(self.mailbox, fragment, self.head[fragment])
             if round_ > self.head[fragment]:
-                advance_head(self.mailbox, self.fragments, fragment, round_)
+                advance_head(self.mailbox, list(self.head), fragment, round_)
                 self.head[fragment] = round_
                 self._fetch_commit(fragment, round_)
 
     def _merge(self) -> None:
         # Only fragments whose newest commit this node holds: it builds on nothing older.
         ready = {q: self.latest[q] for q in range(self.fragments) if self.latest[q][0] == self.head[q]}
-        for committed in self.merger.step(ready, self.live_nodes):
+        for committed in self.merger.step(ready, self.live_nodes, self.head):
             self.head[committed.fragment] = committed.round
             self._deliver(committed.fragment, committed.round, committed.params, committed.record)

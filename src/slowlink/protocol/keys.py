@@ -30,6 +30,15 @@ def node(node_id: str) -> str:
     return f"{NODES}{node_id}.json"
 
 
+_LEASE = re.compile(r"^nodes/([a-z0-9][a-z0-9_-]{0,63})\.json$")
+
+
+def parse_node(key: str) -> str | None:
+    """The node id of a lease's key; None for anything slowlink does not write under nodes/."""
+    match = _LEASE.match(key)
+    return match.group(1) if match else None
+
+
 def round_folder(fragment: int, round_: int) -> str:
     return f"{ROUNDS}{fragment:04d}/{round_:010d}/"
 

@@ -1,46 +1,80 @@
 """Liveness of leases and the election of the one node that merges rounds.
 
-A lease is live while its content keeps changing, judged on this observer's monotonic clock, never by
-comparing wall clocks. leader.json is taken create-once when absent and taken over by compare-and-swap
-on the etag that stopped changing for `lease_seconds`; the leader renews it by compare-and-swap too,
-so two nodes can never both believe they renewed the same term.
+A lease is live while the beat it holds keeps rising, judged on this observer's monotonic clock, never by
+comparing wall clocks; a lease rewritten with old content (a replay) or junk does not count. leader.json
+carries a term that never goes back: it is taken create-once when absent, and taken over by
+compare-and-swap once no newer (term, beat) has appeared for `lease_seconds`; the leader renews it by
+compare-and-swap too, and overwrites a stale record (an older term replayed) instead of giving way to it.
 """
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from ..errors import PayloadError, PreconditionFailed
 from ..mailbox.contract import Mailbox
 from . import keys, records
 
+LIVES_REMEMBERED = 8  # lives of one node id whose beats are tracked: a replay of an old life stays stale
+
+
+@dataclass
+class _Lease:
+    beats: dict[str, int]  # life -> highest beat read from it
+    rose_at: float | None  # when a beat last rose, on this observer's clock
+    read: tuple[str, float] | None = None  # (etag, when) of the last read
+
 
 class Liveness:
-    """Tracks when each key's etag last changed, as seen by this node."""
+    """Tracks when each lease's beat last rose, as this node reads it.
+
+    The caller lists nodes/ and, for each key `due(key, etag)` names, reads the lease and reports its
+    (life, beat) with `observe` (None when it is unreadable). Reads of one key are spaced at least a
+    quarter lease apart, so following N nodes costs about 4·N reads per lease, whatever the beat rate."""
 
     def __init__(self, lease_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.lease_seconds = lease_seconds
+        self.read_interval = lease_seconds / 4
         self.clock = clock
-        self._seen: dict[str, tuple[str, float]] = {}
+        self._leases: dict[str, _Lease] = {}
 
-    def observe(self, key: str, etag: str) -> None:
-        previous = self._seen.get(key)
-        if previous is None or previous[0] != etag:
-            self._seen[key] = (etag, self.clock())
+    def due(self, key: str, etag: str) -> bool:
+        lease = self._leases.get(key)
+        if lease is None or lease.read is None:
+            return True
+        last_etag, read_at = lease.read
+        return last_etag != etag and self.clock() - read_at >= self.read_interval
 
-    def observe_listing(self, present: dict[str, str]) -> None:
-        """Record a full listing: keys absent from it are gone (a node that left cleanly)."""
-        for key in list(self._seen):
-            if key not in present:
-                del self._seen[key]
-        for key, etag in present.items():
-            self.observe(key, etag)
+    def observe(self, key: str, etag: str, beat: tuple[str, int] | None) -> None:
+        now = self.clock()
+        lease = self._leases.setdefault(key, _Lease({}, None))
+        lease.read = (etag, now)
+        if beat is None:
+            return
+        life, value = beat
+        if value > lease.beats.get(life, -1):
+            lease.beats[life] = value
+            lease.rose_at = now
+            while len(lease.beats) > LIVES_REMEMBERED:
+                del lease.beats[next(iter(lease.beats))]
+
+    def forget_absent(self, present: Iterable[str]) -> None:
+        """Keys absent from a full listing are gone (a node that left cleanly)."""
+        keep = set(present)
+        for key in [key for key in self._leases if key not in keep]:
+            del self._leases[key]
 
     def is_live(self, key: str) -> bool:
-        seen = self._seen.get(key)
-        return seen is not None and self.clock() - seen[1] < self.lease_seconds
+        lease = self._leases.get(key)
+        return (
+            lease is not None
+            and lease.rose_at is not None
+            and self.clock() - lease.rose_at < self.lease_seconds
+        )
 
     def live_keys(self) -> list[str]:
-        return sorted(key for key in self._seen if self.is_live(key))
+        # A copy first: the communication thread adds keys while the training thread asks.
+        return sorted(key for key in list(self._leases) if self.is_live(key))
 
 
 class Leadership:
@@ -59,84 +93,128 @@ class Leadership:
         self.clock = clock
         self.is_leader = False
         self.leader: str | None = None
-        self.term = 0
+        self.term = 0  # the highest term seen; this node's own while it leads
+        self._newest = (0, -1)  # the newest (term, beat) read: a record not above it is stale
         self._beat = 0
         self._etag: str | None = None
         self._changed_at = clock()
         self._renewed_at = 0.0
 
-    def _record(self, term: int) -> bytes:
+    def _record(self, term: int, node: str | None = None) -> bytes:
         self._beat += 1
-        return records.encode({"node": self.node_id, "term": term, "beat": self._beat})
+        return records.encode(
+            {"node": self.node_id if node is None else node, "term": term, "beat": self._beat}
+        )
 
     def tick(self) -> str | None:
         """One look at leader.json. Returns "elected", "lost", or None when nothing changed for this node."""
         now = self.clock()
         if self.is_leader:
-            if now - self._renewed_at < self.lease_seconds / 4:
-                return None
-            try:
-                self._etag = self.mailbox.put(keys.LEADER, self._record(self.term), if_match=self._etag)
-            except PreconditionFailed:
-                if not self._renewal_landed():
-                    self.is_leader = False  # another node took over: we were too slow to renew
-                    return "lost"
-            self._renewed_at = now
-            return None
+            return self._renew(now)
         try:
             found = self.mailbox.get(keys.LEADER, if_none_match=self._etag)
+            record = None
             if found is not None and found.data is not None:
                 record = records.decode(found.data, records.LEADER_FIELDS, what=keys.LEADER)
-                self.leader, self.term = record["node"], record["term"]
         except PayloadError:
             return self._take_over_unreadable()
         if found is None:
-            return self._take(1, if_absent=True)
-        if found.etag != self._etag:
-            self._etag, self._changed_at = found.etag, now
-            # Vacant (released by a leader that left), or ours from an earlier life under the same node id.
-            if self.leader in ("", self.node_id):
-                return self._take(self.term + 1, if_match=self._etag)
-            return None
+            return self._take(if_absent=True)
+        if record is not None:
+            self._etag = found.etag
+            if self._is_newer(record):
+                self._changed_at = now
+                # Vacant (released by a leader that left), or ours from an earlier life under the same node id.
+                if record["node"] in ("", self.node_id):
+                    return self._take(if_match=self._etag)
+                return None
         if now - self._changed_at >= self.lease_seconds:
-            return self._take(self.term + 1, if_match=self._etag)
+            return self._take(if_match=self._etag)
         return None
+
+    def _is_newer(self, record: dict) -> bool:
+        """Note a record read; True if its (term, beat) is above every one seen (a stale one is a replay)."""
+        self.term = max(self.term, record["term"])
+        if (record["term"], record["beat"]) <= self._newest:
+            return False
+        self._newest = (record["term"], record["beat"])
+        self.leader = record["node"]
+        return True
+
+    def _renew(self, now: float) -> str | None:
+        if now - self._renewed_at < self.lease_seconds / 4:
+            return None
+        try:
+            self._etag = self.mailbox.put(keys.LEADER, self._record(self.term), if_match=self._etag)
+        except PreconditionFailed:
+            if not self._keep_after_refused_renewal():
+                self.is_leader = False  # another node took over: we were too slow to renew
+                return "lost"
+        self._renewed_at = now
+        return None
+
+    def _keep_after_refused_renewal(self) -> bool:
+        """A renewal refused for its etag. Three causes: an earlier renewal of ours landed with its answer
+        lost (leader.json names this node in this term: adopt its etag); a newer term (a real takeover:
+        give way); or a stale, junk or vanished record, which no honest node writes: write over it."""
+        try:
+            found = self.mailbox.get(keys.LEADER)
+            record = None
+            if found is not None and found.data is not None:
+                record = records.decode(found.data, records.LEADER_FIELDS, what=keys.LEADER)
+        except PayloadError:
+            if self._readable_on_second_look():
+                return False  # the next tick reads it as any follower would
+            return self._overwrite(self._listed_etag())
+        if found is None:
+            return self._overwrite(None)
+        if record is None:
+            return False
+        if record["node"] == self.node_id and record["term"] == self.term:
+            self._etag = found.etag
+            return True
+        if record["term"] > self.term:
+            self._is_newer(record)
+            return False
+        return self._overwrite(found.etag)
+
+    def _overwrite(self, etag: str | None) -> bool:
+        try:
+            self._etag = self.mailbox.put(
+                keys.LEADER, self._record(self.term), if_absent=etag is None, if_match=etag
+            )
+            return True
+        except PreconditionFailed:
+            return False  # changed again meanwhile: give way, and read it like any follower
 
     def _take_over_unreadable(self) -> str | None:
         """leader.json fails its checks (unsigned or forged in a signed run, or garbled): it names nobody
         this node can trust, so take it over at once, by compare-and-swap on the etag a LIST shows. An
         answer cut short on its way fails them too, once: the record must fail a second read as well, or
         one bad answer would displace a live leader."""
+        if self._readable_on_second_look():
+            return None  # readable, or gone, on a second look: the next tick reads it as usual
+        etag = self._listed_etag()
+        if etag is None:
+            return None
+        self.leader, self._etag = None, etag
+        return self._take(if_match=etag)
+
+    def _readable_on_second_look(self) -> bool:
         try:
             again = self.mailbox.get(keys.LEADER)
             if again is not None and again.data is not None:
                 records.decode(again.data, records.LEADER_FIELDS, what=keys.LEADER)
-            return None  # readable, or gone, on a second look: the next tick reads it as usual
+            return True
         except PayloadError:
-            pass
-        etags = [listing.etag for listing in self.mailbox.list(keys.LEADER) if listing.key == keys.LEADER]
-        if not etags:
-            return None
-        self.leader, self._etag = None, etags[0]
-        return self._take(self.term + 1, if_match=self._etag)
-
-    def _renewal_landed(self) -> bool:
-        """After a renewal refused for its etag: an earlier renewal of ours may have landed with its answer
-        lost, moving the etag we hold. leader.json naming this node in this term is that write (a takeover
-        names another node, and this node's restart a later term), so we adopt its etag and stay leader."""
-        try:
-            found = self.mailbox.get(keys.LEADER)
-            if found is None or found.data is None:
-                return False
-            record = records.decode(found.data, records.LEADER_FIELDS, what=keys.LEADER)
-        except PayloadError:
-            return False  # unreadable: not our renewal
-        if record["node"] != self.node_id or record["term"] != self.term:
             return False
-        self._etag = found.etag
-        return True
 
-    def _take(self, term: int, *, if_absent: bool = False, if_match: str | None = None) -> str | None:
+    def _listed_etag(self) -> str | None:
+        etags = [listing.etag for listing in self.mailbox.list(keys.LEADER) if listing.key == keys.LEADER]
+        return etags[0] if etags else None
+
+    def _take(self, *, if_absent: bool = False, if_match: str | None = None) -> str | None:
+        term = self.term + 1  # above every term seen: a takeover never goes back
         try:
             self._etag = self.mailbox.put(
                 keys.LEADER, self._record(term), if_absent=if_absent, if_match=if_match
@@ -144,6 +222,7 @@ class Leadership:
         except PreconditionFailed:
             return None  # another node won; we will see its record on the next tick
         self.is_leader, self.leader, self.term = True, self.node_id, term
+        self._newest = (term, self._beat)
         self._renewed_at = self._changed_at = self.clock()
         return "elected"
 
@@ -152,7 +231,7 @@ class Leadership:
         if self.is_leader:
             self.is_leader = False
             try:
-                self.mailbox.put(keys.LEADER, records.encode({"node": "", "term": self.term, "beat": -1}),
-                                 if_match=self._etag)  # fmt: skip
+                # A newer beat in this term naming nobody: followers read it as fresh, and take it at once.
+                self.mailbox.put(keys.LEADER, self._record(self.term, node=""), if_match=self._etag)
             except PreconditionFailed:
                 pass

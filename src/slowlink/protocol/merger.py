@@ -9,6 +9,7 @@ grace window since the quorum has passed. Contributions are streamed into the me
 import math
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,16 +17,17 @@ import numpy as np
 
 from ..algorithms.diloco import DiLoCo
 from ..algorithms.outer import OuterState
-from ..algorithms.robust import l2_norm, norm_outliers
+from ..algorithms.robust import bounded_claims, l2_norm, norm_outliers
 from ..errors import PayloadError, PreconditionFailed
 from ..events import Event
 from ..mailbox.contract import Mailbox
 from ..wire import payload
 from . import keys, records
-from .run import Run, advance_head, get_blob, put_blob, read_commit
+from .run import KEEP_COMMITS, Run, advance_head, get_blob, listed_etag, put_blob, read_commit
 
 Arrays = dict[str, np.ndarray]
-GC_KEEP_COMMITS = 3  # params blobs of the newest commits stay, so joiners and new leaders find no hole
+HISTORY = 16  # recent norms per fragment and samples per step per node kept for judging later rounds
+MAX_CLAIM_RATIO = 4.0  # how far a node's reported samples per step and steps may exceed the norm (bounded_claims)
 
 
 @dataclass
@@ -35,6 +37,7 @@ class OpenRound:
     rejected: dict[str, str] = field(default_factory=dict)  # node -> reason
     quorum_at: float | None = None
     leases_read: bool = False  # read afresh once the quorum is in, so a node that joined since is waited for
+    norms: dict[str, float] = field(default_factory=dict)  # node -> ‖Δ‖ measured from its payload
 
 
 @dataclass(frozen=True)
@@ -60,15 +63,23 @@ class Merger:
         self.outer = algorithm.outer_optimizer()
         self.outer_states: dict[int, tuple[int, OuterState]] = {}
         self.open: dict[int, OpenRound] = {}
+        self.head: list[int] = [0] * len(run.plan)
+        self.recent_norms: dict[int, deque[float]] = {}
+        self.recent_per_step: dict[str, deque[float]] = {}
 
     def step(
-        self, versions: dict[int, tuple[int, Arrays]], live_nodes: Callable[[bool], set[str]]
+        self,
+        versions: dict[int, tuple[int, Arrays]],
+        live_nodes: Callable[[bool], set[str]],
+        head: list[int],
     ) -> list[Committed]:
         """Look once at the next round of every fragment (one LIST for all); commit those that are ready.
 
         versions: fragment -> (its newest commit, that commit's parameters) for the fragments to merge.
         live_nodes(fresh): the nodes whose leases are live; fresh=True reads the leases again first.
+        head: the newest commit of every fragment this node has read and checked.
         """
+        self.head = head
         records_by_round: dict[tuple[int, int], list[str]] = {}
         for listing in self.mailbox.list(keys.ROUNDS):
             parsed = keys.parse_contribution(listing.key)
@@ -146,22 +157,26 @@ class Merger:
         step_seconds = statistics.median(record["step_seconds"] for record in current.accepted.values())
         return min(30.0, 0.5 * spacing * step_seconds)
 
-    def _contributions(self, fragment: int, current: OpenRound):
+    def _contributions(
+        self, fragment: int, current: OpenRound, anchor_norm: float, weights: dict[str, float]
+    ):
         """Yield (Δ, weight) of each accepted contribution whose payload passes every check, one at a time:
         each Δ is a view of its payload's bytes, dropped before the next is read.
 
-        A Δ's norm is measured from its payload and judged against the median of the norms the other
-        contributors report: a node can misreport only its own norm, and that moves the others' median
-        by at most one rank."""
+        A Δ's norm is measured from its payload and judged against the norms the other contributors report
+        and those of the fragment's recent contributions (`norm_outliers`), and against the anchor's own
+        norm: a node can misreport only its own norm, and that moves the others' median by one rank."""
         reported = {node: record["norm"] for node, record in current.accepted.items()}
+        history = list(self.recent_norms.get(fragment, ()))
         for node, record in sorted(current.accepted.items()):
             try:
                 delta = self._load_contribution(fragment, current.round, node, record["blob"])
-                self._judge_norm(node, l2_norm(delta), reported)
+                current.norms[node] = norm = l2_norm(delta)
+                self._judge_norm(node, norm, reported, history, anchor_norm)
             except PayloadError as error:
                 self._reject(current, node, str(error))
                 continue
-            yield delta, self.algorithm.merge.weight(record["samples"], record["steps"])
+            yield delta, weights[node]
             del delta
 
     def _load_contribution(self, fragment: int, round_: int, node: str, sha: str) -> Arrays:
@@ -178,19 +193,37 @@ class Merger:
             raise PayloadError(f"delta holds tensors {sorted(delta)}, not fragment {fragment}'s")
         return delta
 
-    def _judge_norm(self, node: str, norm: float, reported: dict[str, float]) -> None:
-        if self.algorithm.max_norm_ratio is None:
+    def _judge_norm(
+        self, node: str, norm: float, reported: dict[str, float], history: list[float], anchor_norm: float
+    ) -> None:
+        factor = self.algorithm.max_norm_ratio
+        if factor is None:
             return
         others = {other: value for other, value in reported.items() if other != node}
-        reason = norm_outliers(others | {node: norm}, self.algorithm.max_norm_ratio).get(node)
+        reason = norm_outliers(others | {node: norm}, factor, history).get(node)
+        if reason is None and anchor_norm > 0 and norm > factor * anchor_norm:
+            # No honest Δ is many times the parameters it moves: this holds even for a round's only
+            # contribution in a run's first round, when there is nothing else to compare it with.
+            reason = (f"its Δ's L2 norm {norm:.6g} is {norm / anchor_norm:.3g} times the fragment's own norm "
+                      f"{anchor_norm:.6g}, above the limit of {factor:g} times")  # fmt: skip
         if reason is not None:
             raise PayloadError(reason)
+
+    def _weights(self, current: OpenRound) -> dict[str, float]:
+        claims = {node: (record["samples"], record["steps"]) for node, record in current.accepted.items()}
+        bounded = bounded_claims(claims, self.recent_per_step, sync_every=self.algorithm.sync_every,
+                                 ratio=MAX_CLAIM_RATIO)  # fmt: skip
+        return {node: self.algorithm.merge.weight(*bounded[node]) for node in claims}
 
     def _outer_state(self, fragment: int, version: int, anchor: Arrays) -> OuterState:
         held = self.outer_states.get(fragment)
         if held is not None and held[0] == version:
             return held[1]
         record = read_commit(self.mailbox, fragment, version) if version > 0 else None
+        if (
+            record is not None and fragment not in self.recent_norms
+        ):  # a new merger learns them from the store
+            self._remember(fragment, record["contributors"])
         if record is None or record["outer_state"] is None:
             return self.outer.init(anchor)
         data = get_blob(self.mailbox, record["outer_state"])
@@ -203,25 +236,39 @@ class Merger:
         # Decoded arrays are read-only views of the payload; the outer step updates its buffers in place.
         return OuterState({name: values.copy() for name, values in momentum.items()})
 
+    def _remember(self, fragment: int, contributors: list[dict]) -> None:
+        """Keep the measured norms and the weights of a commit's contributors, for judging later rounds."""
+        norms = self.recent_norms.setdefault(fragment, deque(maxlen=HISTORY))
+        for entry in contributors:
+            if isinstance(entry.get("norm"), float | int) and math.isfinite(entry["norm"]):
+                norms.append(float(entry["norm"]))
+            if isinstance(entry.get("weight"), float | int) and isinstance(entry.get("node"), str):
+                self.recent_weights.setdefault(entry["node"], deque(maxlen=HISTORY)).append(
+                    float(entry["weight"])
+                )
+
     def _commit(self, fragment: int, current: OpenRound, anchor: Arrays) -> Committed | None:
         version = current.round - 1
         state = self._outer_state(fragment, version, anchor)
         # The outer step updates `state` in place: should this attempt fail, the next reads it from the store.
         self.outer_states.pop(fragment, None)
+        weights = self._weights(current)
         try:
-            delta = self.algorithm.merge.merge(self._contributions(fragment, current))
+            delta = self.algorithm.merge.merge(
+                self._contributions(fragment, current, l2_norm(anchor), weights)
+            )
         except ValueError:
             return None  # every payload failed its checks; the round stays open for others
         accepted = dict(current.accepted)  # what the merge consumed, less the payloads it rejected
         flush_only = all(record["final"] for record in accepted.values())
         params, state = self.outer.update(delta, state, anchor, use_momentum=not flush_only)
         del delta  # one fragment less held while the commit is written
-        header = {
-            "run": self.run.run_id,
-            "schema": self.run.schema_digest,
-            "fragment": fragment,
-            "round": current.round,
-        }
+        if not _finite(params) or not _finite(state.momentum):
+            # Each payload was finite, but together they overflow: leave out the largest, try again next turn.
+            largest = max(accepted, key=lambda node: current.norms.get(node, 0.0))
+            self._reject(current, largest, "merging its Δ made the fragment's parameters non-finite")
+            return None
+        header = self.run.expect(fragment=fragment, round=current.round)
         params, change_sha = self._encode_change(params, anchor, header)
         params_sha = put_blob(self.mailbox, payload.pack(params, header | {"kind": "params"}))
         # Without momentum the outer state is always zero: nothing to store.
@@ -243,7 +290,8 @@ class Merger:
                     "samples": r["samples"],
                     "steps": r["steps"],
                     "final": r["final"],
-                    "weight": self.algorithm.merge.weight(r["samples"], r["steps"]),
+                    "weight": weights[node],
+                    "norm": current.norms[node],
                 }
                 for node, r in sorted(accepted.items())
             ],  # fmt: skip
@@ -253,30 +301,11 @@ class Merger:
             "merger": self.node_id,
             "flush_only": flush_only,
         }
-        try:
-            self.mailbox.put(keys.commit(fragment, current.round), records.encode(record), if_absent=True)
-        except PreconditionFailed:
-            # Either another leader committed first, or our own write landed and only its answer was lost
-            # (a retried create-once then sees our object): the record says which.
-            existing = read_commit(self.mailbox, fragment, current.round)
-            if existing is None or existing["params"] != params_sha:
-                theirs = (
-                    {existing[field] for field in ("params", "outer_state", "change")} if existing else set()
-                )
-                self.mailbox.delete(
-                    [
-                        keys.blob(sha)
-                        for sha in (params_sha, outer_sha, change_sha)
-                        if sha and sha not in theirs
-                    ]
-                )
-                if (
-                    existing is not None
-                ):  # whoever wrote it may have died before moving head.json: move it for them
-                    advance_head(self.mailbox, len(self.run.plan), fragment, current.round)
-                return None  # that commit is the round's; this node fetches it like any other
-        advance_head(self.mailbox, len(self.run.plan), fragment, current.round)
+        if not self._write_commit(fragment, current.round, record):
+            return None  # that commit is the round's; this node fetches it like any other
+        advance_head(self.mailbox, list(self.head), fragment, current.round)
         self.outer_states[fragment] = (current.round, state)
+        self._remember(fragment, record["contributors"])
         self.emit(Event("round_committed", self.node_id,
                         f"fragment {fragment} round {current.round} from {len(accepted)} node(s)"
                         + (f", {len(current.rejected)} rejected" if current.rejected else ""),
@@ -284,6 +313,40 @@ class Merger:
                          "rejected": dict(current.rejected)}))  # fmt: skip
         self._collect_garbage(fragment, current.round)
         return Committed(fragment, current.round, params, record)
+
+    def _write_commit(self, fragment: int, round_: int, record: dict) -> bool:
+        """Write the commit create-once; True if this record is the round's commit.
+
+        Refused, the key holds either another leader's commit, or our own write whose answer was lost
+        (a retried create-once then sees our object): the record says which. A record at the key that
+        fails its checks twice (junk, or unsigned in a signed run) is no honest node's commit: it is
+        replaced by compare-and-swap on its etag, so a squatted key never blocks its round."""
+        key = keys.commit(fragment, round_)
+        blobs = [record[field] for field in ("params", "outer_state", "change") if record[field]]
+        try:
+            self.mailbox.put(key, records.encode(record), if_absent=True)
+            return True
+        except PreconditionFailed:
+            pass
+        existing = _read_twice(self.mailbox, fragment, round_)
+        if existing == "unreadable":
+            etag = listed_etag(self.mailbox, key)
+            try:
+                if etag is not None:
+                    self.mailbox.put(key, records.encode(record), if_match=etag)
+                    self.emit(Event("record_replaced", self.node_id, f"{key} failed its checks; replaced by "
+                                    "this round's commit", {"key": key}))  # fmt: skip
+                    return True
+            except PreconditionFailed:
+                pass  # replaced by another leader meanwhile: read it on the next turn
+            return False
+        if existing is not None and existing["params"] == record["params"]:
+            return True
+        theirs = {existing[field] for field in ("params", "outer_state", "change")} if existing else set()
+        self.mailbox.delete([keys.blob(sha) for sha in blobs if sha not in theirs])
+        if existing is not None:  # whoever wrote it may have died before moving head.json: move it for them
+            advance_head(self.mailbox, list(self.head), fragment, round_)
+        return False
 
     def _encode_change(self, params: Arrays, anchor: Arrays, header: dict) -> tuple[Arrays, str | None]:
         """With commit_dtype, publish the change Θ_new − Θ_old in that encoding beside the parameters, and
@@ -303,11 +366,26 @@ class Merger:
         return {name: anchor[name] + decoded[name] for name in params}, put_blob(self.mailbox, data)
 
     def _collect_garbage(self, fragment: int, round_: int) -> None:
-        """Drop the previous round's contributions and the blobs of commits GC_KEEP_COMMITS back."""
+        """Drop the previous round's contributions and the blobs of commits KEEP_COMMITS back."""
         stale = [listing.key for listing in self.mailbox.list(keys.round_folder(fragment, round_ - 1))]
-        old = round_ - GC_KEEP_COMMITS
+        old = round_ - KEEP_COMMITS
         if old > 0 and (record := read_commit(self.mailbox, fragment, old)) is not None:
             stale += [
                 keys.blob(record[field]) for field in ("params", "outer_state", "change") if record[field]
             ]
         self.mailbox.delete(stale)
+
+
+def _finite(arrays: Arrays) -> bool:
+    return all(np.isfinite(values).all() for values in arrays.values())
+
+
+def _read_twice(mailbox: Mailbox, fragment: int, round_: int) -> dict | None | str:
+    """The commit record at (fragment, round), None if absent, "unreadable" if it fails its checks on
+    two reads (one answer cut short on its way fails them once)."""
+    for _ in range(2):
+        try:
+            return read_commit(mailbox, fragment, round_)
+        except PayloadError:
+            continue
+    return "unreadable"

@@ -5,6 +5,7 @@ adopts the winner's run. A joiner compares its configuration and schema with run
 any difference, then reads head.json and the newest commit of each fragment, whatever the run's length.
 """
 
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from .trust import ENVIRONMENT_VARIABLE
 
 FORMAT = "slowlink-run-1"
 Arrays = dict[str, np.ndarray]
+KEEP_COMMITS = 3  # params blobs of the newest commits stay, so joiners and new leaders find no hole
+JOIN_ATTEMPTS = 5  # a joiner may race garbage collection of the commit it read; it then reads head again
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ def open_run(
     key_id: the id of the run key this node signs with (its mailbox is then `trust.Signed`), or None."""
     existing = read_run(mailbox)
     if existing is None:
+        _refuse_over_history(mailbox)
         run_id = uuid.uuid4().hex
         shas = [
             put_blob(mailbox, payload.pack(arrays, {"run": run_id, "schema": schema_digest, "kind": "params",
@@ -132,6 +136,23 @@ def open_run(
     return existing, False
 
 
+def _refuse_over_history(mailbox: Mailbox) -> None:
+    """A run is never created where another's history lies: with run.json gone (deleted by hand, or by a
+    lifecycle rule expiring old objects), a new run would mix its commits with the old ones."""
+    for key in (keys.HEAD, keys.commit(0, 1)):
+        try:
+            present = mailbox.get(key) is not None
+        except PayloadError:
+            present = True  # there, though unreadable to this node
+        if present:
+            raise RunConfigMismatch(
+                f"{mailbox!r} holds {key} of a run but no {keys.RUN}: the run record was deleted (an S3 "
+                "lifecycle rule expiring old objects does this). Restore run.json from a backup or another copy "
+                "of the store, or start a new run under a new prefix; slowlink never creates a run over another "
+                "run's history"
+            )
+
+
 def check_config(mine: dict, run: dict) -> None:
     differences = [
         f"{key}={mine.get(key)!r} here but {run.get(key)!r} in the run"
@@ -161,15 +182,20 @@ def read_head(
     return versions, found.etag
 
 
-def advance_head(mailbox: Mailbox, fragments: int, fragment: int, round_: int) -> None:
-    """Move the head of `fragment` forward to `round_` by compare-and-swap; never move it back."""
+def advance_head(mailbox: Mailbox, known: list[int], fragment: int, round_: int) -> None:
+    """Move the head of `fragment` forward to `round_` by compare-and-swap; never move it back.
+
+    known: the newest commit of each fragment that this node has read and checked. An unreadable head.json
+    (forged, unsigned, garbled) is rewritten from these and the readable commits after them, never from a
+    listing of commit keys, which anyone who can write to the store could fill with junk."""
+    fragments = len(known)
     while True:
         try:
-            versions, etag = read_head(mailbox, fragments)
+            versions, etag = _read_head_twice(mailbox, fragments)
             rebuilt = False
-        except PayloadError:  # unreadable (forged, unsigned, garbled): rebuilt from the commits themselves
-            versions, etag = _head_from_commits(mailbox, fragments)
-            rebuilt = True
+        except PayloadError:
+            versions = [probe_newest(mailbox, q, version) for q, version in enumerate(known)]
+            etag, rebuilt = listed_etag(mailbox, keys.HEAD), True
         assert versions is not None
         if versions[fragment] >= round_ and not rebuilt:
             return
@@ -184,15 +210,19 @@ def advance_head(mailbox: Mailbox, fragments: int, fragment: int, round_: int) -
             continue  # someone else moved it; read again
 
 
-def _head_from_commits(mailbox: Mailbox, fragments: int) -> tuple[list[int], str | None]:
-    """The newest commit of each fragment, from one LIST of commits/, and head.json's current etag."""
-    versions = [0] * fragments
-    for listing in mailbox.list("commits/"):
-        fragment, round_ = (int(part) for part in listing.key.removesuffix(".json").split("/")[1:3])
-        if fragment < fragments:
-            versions[fragment] = max(versions[fragment], round_)
-    etags = [listing.etag for listing in mailbox.list(keys.HEAD) if listing.key == keys.HEAD]
-    return versions, (etags[0] if etags else None)
+def _read_head_twice(mailbox: Mailbox, fragments: int) -> tuple[list[int] | None, str | None]:
+    """read_head, with a second look before an unreadable head.json is taken for junk: one answer cut
+    short on its way fails the checks too."""
+    try:
+        return read_head(mailbox, fragments)
+    except PayloadError:
+        return read_head(mailbox, fragments)
+
+
+def listed_etag(mailbox: Mailbox, key: str) -> str | None:
+    """The etag a LIST shows for `key`: what a compare-and-swap over an unreadable object needs."""
+    etags = [listing.etag for listing in mailbox.list(key) if listing.key == key]
+    return etags[0] if etags else None
 
 
 def read_commit(mailbox: Mailbox, fragment: int, round_: int) -> dict | None:
@@ -232,11 +262,57 @@ def _load_fragment(mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: 
     return arrays
 
 
+def probe_newest(mailbox: Mailbox, fragment: int, version: int) -> int:
+    """`version`, or a newer commit found by probing the keys after it: a merger may have died between
+    writing a commit and naming it in head.json. A junk or unverifiable record at a key counts as absent."""
+    while _commit_readable(mailbox, fragment, version + 1):
+        version += 1
+    return version
+
+
+def _commit_readable(mailbox: Mailbox, fragment: int, round_: int) -> bool:
+    for _ in range(2):  # a second look: one answer cut short is not a junk record
+        try:
+            return read_commit(mailbox, fragment, round_) is not None
+        except PayloadError:
+            continue
+    return False
+
+
 def newest_params(mailbox: Mailbox, run: Run, fragment: int, version: int) -> tuple[int, Arrays]:
-    """The parameters of `fragment` at `version` (0 is the run's initial model), and the version."""
-    if version == 0:
-        return 0, load_params(mailbox, run, fragment, 0, run.initial[fragment])
-    record = read_commit(mailbox, fragment, version)
-    if record is None:
-        raise PayloadError(f"{keys.commit(fragment, version)} is missing though head.json names it")
-    return version, load_params(mailbox, run, fragment, version, record["params"])
+    """The parameters of `fragment` at `version` (0 is the run's initial model), and the version. If that
+    commit's blob is gone (collected meanwhile, or deleted), the newest older commit still kept stands in:
+    the node then trains from it and catches up with the next commit it fetches."""
+    reasons = []
+    for candidate in range(version, max(-1, version - KEEP_COMMITS - 1), -1):
+        try:
+            if candidate == 0:
+                return 0, load_params(mailbox, run, fragment, 0, run.initial[fragment])
+            record = read_commit(mailbox, fragment, candidate)
+            if record is None:
+                raise PayloadError(f"{keys.commit(fragment, candidate)} is missing")
+            return candidate, load_params(mailbox, run, fragment, candidate, record["params"])
+        except PayloadError as error:
+            reasons.append(f"round {candidate}: {error}")
+    raise PayloadError(
+        f"no parameters of fragment {fragment} can be loaded from its newest commits ({'; '.join(reasons)}). "
+        "Wait for the run's next commit and join again, or restore the missing blobs from a copy of the store"
+    )
+
+
+def load_newest(mailbox: Mailbox, run: Run) -> dict[int, tuple[int, Arrays]]:
+    """The newest commit of every fragment that can be loaded: head.json, then per fragment a probe for
+    commits after the one it names, that commit and its blob. A constant number of requests."""
+    for attempt in range(JOIN_ATTEMPTS):
+        versions, _ = read_head(mailbox, len(run.plan))
+        assert versions is not None
+        try:
+            return {
+                q: newest_params(mailbox, run, q, probe_newest(mailbox, q, version))
+                for q, version in enumerate(versions)
+            }
+        except PayloadError:
+            if attempt == JOIN_ATTEMPTS - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1))  # the commits we read were collected meanwhile: read head again
+    raise AssertionError("unreachable")

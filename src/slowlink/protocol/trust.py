@@ -1,16 +1,20 @@
 """Run keys: with a secret the run's nodes share, every record a node writes is signed, and a record that
 is unsigned or signed with another key is refused before anyone reads it.
 
-A record's signature is HMAC-SHA256 over its key in the store and its bytes, so a record copied to another
-key (a contribution replayed into a later round) fails too. Payloads need no signature of their own: every
-payload is named by its sha256 in a signed record (contributions, commits, run.json), and readers check it.
-The key protects what enters the model; someone who can write to the store can still delete or stall.
+A record's signature is HMAC-SHA256 over the run's id, its key in the store and its bytes, so a record
+copied to another key (a contribution replayed into a later round) or from another run signed with the same
+key fails too. run.json names the run id itself and is signed under the empty run id; a `Signed` mailbox
+learns its run from the first run.json it verifies or writes. Payloads need no signature of their own:
+every payload is named by its sha256 in a signed record (contributions, commits, run.json), and readers
+check it. The key protects what enters the model; someone who can write to the store can still delete or
+stall (docs/robustness.md, "Threat model").
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import re
 
@@ -45,22 +49,24 @@ class RunKey:
             run_key = os.environ.get(ENVIRONMENT_VARIABLE) or None
         return None if run_key is None else cls(run_key)
 
-    def _mac(self, key: str, body: bytes) -> str:
-        return hmac.new(self._secret, key.encode() + b"\n" + body, hashlib.sha256).hexdigest()
+    def _mac(self, run_id: str, key: str, body: bytes) -> str:
+        scope = f"{run_id}\n{key}\n".encode()
+        return hmac.new(self._secret, scope + body, hashlib.sha256).hexdigest()
 
-    def sign(self, key: str, body: bytes) -> bytes:
-        """The JSON object `body` with a signature field added as its last field."""
+    def sign(self, key: str, body: bytes, run_id: str = "") -> bytes:
+        """The JSON object `body` with a signature field added as its last field, bound to `run_id`."""
         if not (body.startswith(b"{") and body.endswith(b"}")) or body == b"{}":
             raise ValueError(f"only non-empty JSON objects are signed, not {body[:40]!r} at {key}")
-        return body[:-1] + f',"signature":"{self.key_id}:{self._mac(key, body)}"}}'.encode()
+        return body[:-1] + f',"signature":"{self.key_id}:{self._mac(run_id, key, body)}"}}'.encode()
 
-    def verify(self, key: str, data: bytes) -> bytes:
+    def verify(self, key: str, data: bytes, run_id: str = "") -> bytes:
         """The record as it was signed, without its signature; PayloadError if unsigned or forged."""
         match = _SIGNATURE.search(data)
         if match is None:
             raise PayloadError(
-                f"{key} is unsigned, but this node signs and checks every record with a run key (a run created "
-                "without run_key takes none: drop it, or start a new run under a new prefix)"
+                f"{key} is unsigned, though this node checks every record with the run key: it may be forged "
+                "by someone without the key, or written by a node given no run_key (every node of a signed "
+                "run needs the same run_key or SLOWLINK_RUN_KEY); it is treated as absent"
             )
         body = data[: match.start()] + b"}"
         key_id, mac = match.group(1).decode(), match.group(2).decode()
@@ -69,29 +75,65 @@ class RunKey:
                 f"{key} is signed with run key {key_id}, not this node's {self.key_id}: every node of a run "
                 "needs the same run_key (or SLOWLINK_RUN_KEY)"
             )
-        if not hmac.compare_digest(mac, self._mac(key, body)):
+        if not hmac.compare_digest(mac, self._mac(run_id, key, body)):
             raise PayloadError(
-                f"{key} has a forged signature: its bytes or its place differ from what was signed"
+                f"{key} has a forged signature: its bytes, its place or its run differ from what was signed"
             )
         return body
 
 
+RUN_RECORD = "run.json"  # signed under the empty run id: it is what names the run
+
+
 class Signed:
-    """A mailbox wrapper that signs every record (`.json` key) written and verifies every record read."""
+    """A mailbox wrapper that signs every record (`.json` key) written and verifies every record read.
+
+    Records other than run.json are bound to the run's id, which this wrapper takes from the first run.json
+    it writes or verifies; before that, only run.json can be read or written."""
 
     def __init__(self, inner: Mailbox, run_key: RunKey) -> None:
         self.inner, self.run_key = inner, run_key
+        self.run_id: str | None = None
+
+    def _scope(self, key: str) -> str:
+        if key == RUN_RECORD:
+            return ""
+        if self.run_id is None:
+            raise PayloadError(f"{key} cannot be checked before {RUN_RECORD} names the run it belongs to")
+        return self.run_id
+
+    def _bind(self, body: bytes) -> None:
+        try:
+            run_id = json.loads(body).get("run_id")
+        except (ValueError, AttributeError, RecursionError):
+            return  # not a run record; the protocol's own decoding says why
+        if not isinstance(run_id, str):
+            return
+        if self.run_id is not None and self.run_id != run_id:
+            raise PayloadError(
+                f"{RUN_RECORD} now names run {run_id[:8]}, but this node is in run {self.run_id[:8]}: the run "
+                "record was replaced; leave and check the mailbox"
+            )
+        self.run_id = run_id
 
     def put(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> str:
         if key.endswith(".json"):
-            data = self.run_key.sign(key, data)
+            scope = self._scope(key)
+            signed = self.run_key.sign(key, data, scope)
+            etag = self.inner.put(key, signed, if_absent=if_absent, if_match=if_match)
+            if key == RUN_RECORD:
+                self._bind(data)
+            return etag
         return self.inner.put(key, data, if_absent=if_absent, if_match=if_match)
 
     def get(self, key: str, *, if_none_match: str | None = None) -> Object | None:
         found = self.inner.get(key, if_none_match=if_none_match)
         if found is None or found.data is None or not key.endswith(".json"):
             return found
-        return Object(self.run_key.verify(key, found.data), found.etag)
+        body = self.run_key.verify(key, found.data, self._scope(key))
+        if key == RUN_RECORD:
+            self._bind(body)
+        return Object(body, found.etag)
 
     def list(self, prefix: str, *, start_after: str | None = None) -> list[Listing]:
         return self.inner.list(prefix, start_after=start_after)
