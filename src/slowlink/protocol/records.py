@@ -118,7 +118,7 @@ class Object:
     def check(self, value: object, where: str) -> None:
         if not isinstance(value, dict):
             _refuse(where, value, "a JSON object")
-        check_fields(value, self.fields, where)
+        check_fields(value, self.fields, where, nested=True)
 
 
 @dataclass(frozen=True)
@@ -150,14 +150,15 @@ def check(value: object, spec: object, where: str) -> None:
         raise PayloadError(f"{where} has type {type(value).__name__}, expected {names}")
 
 
-def check_fields(record: dict, fields: dict, where: str) -> None:
-    """Each of `fields` (name -> spec) in `record`; `where` names the record in messages."""
+def check_fields(record: dict, fields: dict, where: str, *, nested: bool = False) -> None:
+    """Each of `fields` (name -> spec) in `record`; `where` names the record (`nested`: a value in one)."""
     for name, spec in fields.items():
         if name not in record:
             if isinstance(spec, Omittable):
                 continue
             raise PayloadError(f"{where} lacks the field {name!r}")
-        check(record[name], spec.spec if isinstance(spec, Omittable) else spec, f"{where} field {name!r}")
+        inner = f"{where}[{name!r}]" if nested else f"{where} field {name!r}"
+        check(record[name], spec.spec if isinstance(spec, Omittable) else spec, inner)
 
 
 def _refuse(where: str, value: object, expected: str) -> NoReturn:
