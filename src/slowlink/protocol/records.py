@@ -16,14 +16,14 @@ from typing import NoReturn
 from ..errors import PayloadError
 from ..wire import bounded_json
 from ..wire.bounded_json import brief
-from ..wire.payload import MAX_ELEMENTS, check_shape
+from ..wire.payload import check_shape
 from . import keys
 
 MAX_RECORD_BYTES = 4 << 20  # run.json holds the schema and the plan; 4 MiB is ample for 100k tensors
 # Rounds, steps, samples, terms and beats stay at most 2**53 - 1: exact as float64 (weights are
 # float(samples), and a JSON reader in any language keeps them exact), and a sum of a few never nears
 # int64. A million samples a second for 285 years stays under it.
-MAX_COUNT = MAX_ELEMENTS
+MAX_COUNT = 2**53 - 1
 
 
 def encode(record: dict) -> bytes:
