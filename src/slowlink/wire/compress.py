@@ -10,16 +10,17 @@ tensor data is byte-shuffled. MAGIC read as a safetensors header length is far b
 so no plain payload starts with it.
 """
 
-import json
 from types import ModuleType
 from typing import BinaryIO
 
 import numpy as np
 
 from ..errors import ConfigError, PayloadError
+from . import bounded_json
 
 MAGIC = b"SLZSTD1\n"
 DEFAULT_LEVEL = 3
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on its JSON header; payload.py's too
 # Bytes of each safetensors dtype's element; the shuffle groups bytes by their place in an element.
 ELEMENT_BYTES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1,
@@ -52,17 +53,27 @@ def _layout(payload: bytes) -> tuple[int, list[tuple[int, int, int]]]:
     if header_end > len(payload):
         raise PayloadError(f"payload header claims {header_end - 8} bytes but {len(payload) - 8} follow")
     try:
-        header = json.loads(bytes(payload[8:header_end]))
-        return header_end, [_tensor_range(entry) for name, entry in header.items() if name != "__metadata__"]
-    except (ValueError, TypeError, KeyError, AttributeError) as error:
-        raise PayloadError(f"payload header is not a safetensors header: {error!r}") from None
+        header = bounded_json.loads(bytes(payload[8:header_end]), what="it", max_bytes=MAX_HEADER_BYTES)
+    except PayloadError as error:
+        raise PayloadError(f"payload header is not a safetensors header: {error}") from None
+    if not isinstance(header, dict):
+        raise PayloadError("payload header is not a safetensors header: it is not a JSON object")
+    return header_end, [
+        _tensor_range(name, entry) for name, entry in header.items() if name != "__metadata__"
+    ]
 
 
-def _tensor_range(entry: dict) -> tuple[int, int, int]:
-    (begin, end), size = entry["data_offsets"], ELEMENT_BYTES[entry["dtype"]]
-    if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end) or (end - begin) % size:
-        raise ValueError(f"data offsets [{begin}, {end}] for {size}-byte elements")
-    return begin, end, size
+def _tensor_range(name: str, entry: object) -> tuple[int, int, int]:
+    dtype = entry.get("dtype") if isinstance(entry, dict) else None
+    offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+    if not (isinstance(dtype, str) and dtype in ELEMENT_BYTES and isinstance(offsets, list) and len(offsets) == 2
+            and all(type(n) is int for n in offsets) and 0 <= offsets[0] <= offsets[1]
+            and (offsets[1] - offsets[0]) % ELEMENT_BYTES[dtype] == 0):  # fmt: skip
+        raise PayloadError(
+            f"payload header is not a safetensors header: entry {bounded_json.brief(name)} is not a dtype with data "
+            "offsets [begin, end] of whole elements"
+        )
+    return offsets[0], offsets[1], ELEMENT_BYTES[dtype]
 
 
 def _shuffle(
