@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .algorithms.diloco import DiLoCo
 from .algorithms.mixing import carry_change, carry_overlap_change
 from .algorithms.schedule import due_fragments
-from .errors import ConfigError, PayloadError, RunConfigMismatch, SessionStateError
+from .errors import ConfigError, RunConfigMismatch, SessionStateError
 from .events import Event, log_event
 from .frameworks.base import adapter_for, compare_schemas, schema_digest
 from .mailbox.contract import Mailbox

@@ -79,7 +79,7 @@ def test_a_deeply_nested_head_is_refused_and_rebuilt_from_the_commits():
     mailbox.put(keys.HEAD, ('{"versions": ' + deep() + "}").encode())
     with pytest.raises(PayloadError, match=f"{keys.HEAD} nests deeper than 32 levels"):
         read_head(mailbox, 1)
-    advance_head(mailbox, 1, 0, 1)  # what a merger does after a commit: it rebuilds head.json
+    advance_head(mailbox, [0], 0, 1)  # what a merger does after a commit: it rebuilds head.json
     assert read_head(mailbox, 1)[0] == [1]
 
 

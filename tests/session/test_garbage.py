@@ -3,8 +3,7 @@ newest KEEP_COMMITS commits and the run's initial blobs; round folders go once t
 
 import slowlink as sl
 from slowlink.protocol import keys, records
-from slowlink.protocol.run import KEEP_COMMITS
-from slowlink.protocol.run import read_commit, read_head, read_run
+from slowlink.protocol.run import KEEP_COMMITS, read_commit, read_head, read_run
 
 from .nodes import run_nodes, tiny_mlp
 

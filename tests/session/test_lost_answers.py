@@ -73,13 +73,13 @@ def test_a_commit_whose_head_update_failed_is_adopted_though_the_round_now_holds
     merger = Merger(mailbox, run, algorithm, "leader", events.append)
     plant(mailbox, run, "a", 1.0)
     try:
-        merger.step({0: (0, initial)}, lambda fresh: {"a"})
+        merger.step({0: (0, initial)}, lambda fresh: {"a"}, [0])
     except MailboxUnavailable:
         pass  # the commit landed; moving head.json failed
     assert mailbox.failed == [keys.HEAD] and read_commit(mailbox, 0, 1) is not None
     assert read_head(mailbox, 1)[0] == [0]
     plant(mailbox, run, "b", 3.0)  # a contribution that came in meanwhile: the leader would now merge two
-    merger.step({0: (0, initial)}, lambda fresh: {"a", "b"})
+    merger.step({0: (0, initial)}, lambda fresh: {"a", "b"}, [0])
     assert read_head(mailbox, 1)[0] == [1]  # the existing commit is the round's; head.json now says so
     record = read_commit(mailbox, 0, 1)
     assert [c["node"] for c in record["contributors"]] == ["a"]
@@ -109,7 +109,7 @@ def test_a_failed_read_while_learning_a_contributions_fate_loses_neither_the_com
                       plan=[["w"]], initial=lambda: [initial])  # fmt: skip
     merger = Merger(mailbox, run, algorithm, "leader", lambda event: None)
     plant(mailbox, run, "n", 1.0)  # node n's round-1 contribution, merged into commit 1
-    [first] = merger.step({0: (0, initial)}, lambda fresh: {"n"})
+    [first] = merger.step({0: (0, initial)}, lambda fresh: {"n"}, [0])
     mine = first.record["contributors"][0]["blob"]
     data = payload.pack(
         {"w": np.full(4, 2.0, np.float32)}, run.expect(kind="delta", fragment=0, round=2, node="m")
@@ -119,7 +119,7 @@ def test_a_failed_read_while_learning_a_contributions_fate_loses_neither_the_com
     mailbox.put(keys.contribution(0, 2, "m"), records.encode(
         {"node": "m", "fragment": 0, "round": 2, "base": 1, "blob": sha, "samples": 1, "steps": 1, "final": False,
          "step_seconds": 0.01, "norm": 4.0}))  # fmt: skip
-    merger.step({0: (1, first.params)}, lambda fresh: {"m"})
+    merger.step({0: (1, first.params)}, lambda fresh: {"m"}, [1])
     # Node n saw neither commit: it still holds version 0 and awaits its round-1 contribution's fate.
     courier = Courier(mailbox, run, algorithm, "n", {0: (0, initial)}, emit=lambda event: None,
                       status=lambda: NodeStatus(0, 0, 0.0), poll_seconds=1.0, lease_seconds=60.0,

@@ -46,7 +46,7 @@ def shapes(run):
         (lambda run: {n: np.full(s, np.nan, np.float32) for n, s in shapes(run).items()}, "NaN or infinite"),
         (
             lambda run: {n: np.zeros(s, np.float32) for n, s in list(shapes(run).items())[:2]},
-            "not fragment 0's",
+            "payload lacks tensor",
         ),
     ],
 )

@@ -27,7 +27,9 @@ from .run import KEEP_COMMITS, Run, advance_head, get_blob, listed_etag, put_blo
 
 Arrays = dict[str, np.ndarray]
 HISTORY = 16  # recent norms per fragment and samples per step per node kept for judging later rounds
-MAX_CLAIM_RATIO = 4.0  # how far a node's reported samples per step and steps may exceed the norm (bounded_claims)
+MAX_CLAIM_RATIO = (
+    4.0  # how far a node's reported samples per step and steps may exceed the norm (bounded_claims)
+)
 
 
 @dataclass
@@ -188,6 +190,7 @@ class Merger:
             expected_digest=sha,
             expect=self.run.expect(kind="delta", fragment=fragment, round=round_, node=node),
             max_bytes=self.run.max_payload_bytes(fragment),
+            expect_shapes=self.run.shapes(fragment),
         )
         if set(delta) != set(self.run.plan[fragment]):
             raise PayloadError(f"delta holds tensors {sorted(delta)}, not fragment {fragment}'s")
@@ -232,20 +235,20 @@ class Merger:
             expected_digest=record["outer_state"],
             expect=self.run.expect(kind="outer", fragment=fragment, round=version),
             max_bytes=self.run.max_payload_bytes(fragment),
+            expect_shapes=self.run.shapes(fragment),
         )
         # Decoded arrays are read-only views of the payload; the outer step updates its buffers in place.
         return OuterState({name: values.copy() for name, values in momentum.items()})
 
     def _remember(self, fragment: int, contributors: list[dict]) -> None:
-        """Keep the measured norms and the weights of a commit's contributors, for judging later rounds."""
+        """Keep a commit's contributors' measured norms and samples per step, for judging later rounds."""
         norms = self.recent_norms.setdefault(fragment, deque(maxlen=HISTORY))
         for entry in contributors:
-            if isinstance(entry.get("norm"), float | int) and math.isfinite(entry["norm"]):
+            if "norm" in entry:
                 norms.append(float(entry["norm"]))
-            if isinstance(entry.get("weight"), float | int) and isinstance(entry.get("node"), str):
-                self.recent_weights.setdefault(entry["node"], deque(maxlen=HISTORY)).append(
-                    float(entry["weight"])
-                )
+            if entry["steps"] > 0:  # a commit record's contributors are typed by records.CONTRIBUTOR
+                per_step = self.recent_per_step.setdefault(entry["node"], deque(maxlen=HISTORY))
+                per_step.append(entry["samples"] / entry["steps"])
 
     def _commit(self, fragment: int, current: OpenRound, anchor: Arrays) -> Committed | None:
         version = current.round - 1

@@ -205,6 +205,7 @@ LEASE_FIELDS = {
     "step_seconds": Real(0),
     "versions": Omittable(ListOf(COUNT)),
     "leader": Omittable(bool),
+    "life": Omittable(Text()),  # one per start of the node: beats are compared within a life
 }
 CONTRIBUTION_FIELDS = {
     "node": NODE,
@@ -219,8 +220,9 @@ CONTRIBUTION_FIELDS = {
     "norm": Real(),  # the merger rejects a negative one with its own reason
 }
 CONTRIBUTOR = Object(
-    {"node": NODE, "blob": SHA256, "samples": COUNT, "steps": COUNT, "final": bool, "weight": Real(0)}
-)
+    {"node": NODE, "blob": SHA256, "samples": COUNT, "steps": COUNT, "final": bool, "weight": Real(0),
+     "norm": Omittable(Real(0))}  # the Δ's norm as the merger measured it
+)  # fmt: skip
 REJECTION = Object({"node": NODE, "reason": str})
 COMMIT_FIELDS = {
     "fragment": COUNT,

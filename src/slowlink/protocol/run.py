@@ -39,6 +39,11 @@ class Run:
         shapes = {name: shape for name, shape, _ in self.schema}
         return sum(4 * int(np.prod(shapes[name])) for name in self.plan[fragment])
 
+    def shapes(self, fragment: int) -> dict[str, tuple[int, ...]]:
+        """Each tensor of `fragment` with its shape in the run's schema: what every payload of it must hold."""
+        shapes = {name: tuple(shape) for name, shape, _ in self.schema}
+        return {name: shapes[name] for name in self.plan[fragment]}
+
     def max_payload_bytes(self, fragment: int) -> int:
         # float32 values plus headers, scales and slack; anything larger is not an honest payload.
         return 2 * self.fragment_bytes(fragment) + (1 << 20)
@@ -69,6 +74,7 @@ def read_run(mailbox: Mailbox) -> Run | None:
     if found is None or found.data is None:
         return None
     record = records.decode(found.data, records.RUN_FIELDS | {"run_id": str}, what=keys.RUN)
+    records.check_run(record, keys.RUN)
     if record["format"] != FORMAT:
         raise PayloadError(f"{keys.RUN} has format {record['format']!r}; this slowlink reads {FORMAT!r}")
     schema = [(name, tuple(shape), dtype) for name, shape, dtype in record["schema"]]
@@ -253,6 +259,7 @@ def _load_fragment(mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: 
         expected_digest=sha,
         expect=run.expect(kind=kind, fragment=fragment, round=round_),
         max_bytes=run.max_payload_bytes(fragment),
+        expect_shapes=run.shapes(fragment),
     )
     names = set(run.plan[fragment])
     if set(arrays) != names:
