@@ -125,17 +125,23 @@ class NormClippedMean:
         return total
 
 
-def norm_outliers(norms: Mapping[str, float], factor: float, history: Sequence[float] = ()) -> dict[str, str]:
+def norm_outliers(
+    norms: Mapping[str, float],
+    factor: float,
+    history: Sequence[float] = (),
+    steps: Mapping[str, int] | None = None,
+) -> dict[str, str]:
     """The nodes whose ‖Δ‖ is too large, each mapped to the reason (norm, reference, factor) a merger
     records when it rejects it. Sorted by node.
 
     With at least two other contributions in the round, a norm above `factor` × their median is flagged.
     With fewer (one or two contributions: what quorum_size=1 gives whenever a node is late), a norm above
-    `factor` × the largest of `history`, the norms of the fragment's recently merged contributions as the
-    merger measured them, is flagged. The other node's norm is no reference: of two nodes that disagree
-    either may be the honest one (a node flushing a few steps has a small Δ), so only a jump far above
-    everything merged lately counts. With no history, nothing is flagged by size; nor against a zero
-    reference. A non-finite norm is always flagged, and left out of the others' references.
+    `factor` × s_m × the largest of `history` is flagged: `history` holds the norms per step of the
+    fragment's recently merged contributions (as the merger measured them), s_m the steps node m's Δ spans
+    (`steps`, 1 if not given), so a node that carries the steps of missed rounds is not judged by one
+    round's size. The other node's norm is no reference: of two nodes that disagree either may be the
+    honest one (a node flushing a few steps has a small Δ). With no history, nothing is flagged by size;
+    nor against a zero reference. A non-finite norm is always flagged, and left out of the references.
     """
     _require_number("factor", factor, 1.0, None, lower_open=True,
                     hint="how many medians a norm may reach; 10 catches blow-ups, not honest spread")  # fmt: skip
@@ -153,9 +159,11 @@ def norm_outliers(norms: Mapping[str, float], factor: float, history: Sequence[f
                 statistics.median(others),
                 f"the median norm of the round's {len(others)} other contributions",
             )
-        elif history := [value for value in history if math.isfinite(value)]:
-            reference = max(history)
-            against = f"the largest norm of the fragment's {len(history)} recently merged contributions"
+        elif per_step := [value for value in history if math.isfinite(value)]:
+            spans = 1 if steps is None else steps[node]
+            reference = max(per_step) * spans
+            against = (f"{spans} step(s) at the largest norm per step of the fragment's {len(per_step)} recently "
+                       "merged contributions")  # fmt: skip
         else:
             continue
         if reference > 0 and norm > factor * reference:
@@ -170,12 +178,12 @@ def bounded_claims(
     claims: Mapping[str, tuple[int, int]],
     history: Mapping[str, Sequence[float]],
     *,
-    sync_every: int,
+    max_steps: int,
     ratio: float,
 ) -> dict[str, tuple[int, int]]:
     """The (samples, steps) each node's contribution is weighted by, bounded so that no node buys the round
     by what it reports about itself (claims: node -> its reported samples and steps):
-        steps ≤ ratio·H        (H = sync_every; more is carried work from rounds long gone)
+        steps ≤ max_steps      (a merger allows many rounds' worth: carried steps count)
         samples/steps ≤ ratio·s_others and ≤ ratio·s_own
     with s_others the lower median of the round's other nodes' samples per step and s_own the median of
     the node's own recent ones (`history`). One node claiming 10¹² samples beside an honest node's 64 then
@@ -184,7 +192,7 @@ def bounded_claims(
     per_step = {node: samples / max(steps, 1) for node, (samples, steps) in claims.items()}
     bounded = {}
     for node, (samples, steps) in claims.items():
-        steps = min(steps, int(ratio * sync_every))
+        steps = min(steps, max_steps)
         limits = [per_step[node]]
         if others := [value for name, value in per_step.items() if name != node]:
             limits.append(ratio * statistics.median_low(others))

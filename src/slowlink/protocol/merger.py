@@ -27,9 +27,8 @@ from .run import KEEP_COMMITS, Run, advance_head, get_blob, listed_etag, put_blo
 
 Arrays = dict[str, np.ndarray]
 HISTORY = 16  # recent norms per fragment and samples per step per node kept for judging later rounds
-MAX_CLAIM_RATIO = (
-    4.0  # how far a node's reported samples per step and steps may exceed the norm (bounded_claims)
-)
+MAX_CLAIM_RATIO = 4.0  # how far a node's reported samples per step may exceed the others' (bounded_claims)
+STEP_CAP_ROUNDS = 16  # a Δ counts as spanning at most this many rounds of steps, carried ones included
 
 
 @dataclass
@@ -40,6 +39,7 @@ class OpenRound:
     quorum_at: float | None = None
     leases_read: bool = False  # read afresh once the quorum is in, so a node that joined since is waited for
     norms: dict[str, float] = field(default_factory=dict)  # node -> ‖Δ‖ measured from its payload
+    steps: dict[str, int] = field(default_factory=dict)  # node -> the steps its Δ is taken to span (bounded)
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ class Merger:
         self.head: list[int] = [0] * len(run.plan)
         self.recent_norms: dict[int, deque[float]] = {}
         self.recent_per_step: dict[str, deque[float]] = {}
+        self._step_cap = STEP_CAP_ROUNDS * algorithm.sync_every
 
     def step(
         self,
@@ -174,7 +175,7 @@ class Merger:
             try:
                 delta = self._load_contribution(fragment, current.round, node, record["blob"])
                 current.norms[node] = norm = l2_norm(delta)
-                self._judge_norm(node, norm, reported, history, anchor_norm)
+                self._judge_norm(node, norm, reported, history, anchor_norm, current.steps[node])
             except PayloadError as error:
                 self._reject(current, node, str(error))
                 continue
@@ -197,13 +198,19 @@ class Merger:
         return delta
 
     def _judge_norm(
-        self, node: str, norm: float, reported: dict[str, float], history: list[float], anchor_norm: float
+        self,
+        node: str,
+        norm: float,
+        reported: dict[str, float],
+        history: list[float],
+        anchor_norm: float,
+        steps: int,
     ) -> None:
         factor = self.algorithm.max_norm_ratio
         if factor is None:
             return
         others = {other: value for other, value in reported.items() if other != node}
-        reason = norm_outliers(others | {node: norm}, factor, history).get(node)
+        reason = norm_outliers(others | {node: norm}, factor, history, {node: steps}).get(node)
         if reason is None and anchor_norm > 0 and norm > factor * anchor_norm:
             # No honest Δ is many times the parameters it moves: this holds even for a round's only
             # contribution in a run's first round, when there is nothing else to compare it with.
@@ -213,9 +220,13 @@ class Merger:
             raise PayloadError(reason)
 
     def _weights(self, current: OpenRound) -> dict[str, float]:
+        """Each contribution's merge weight from its claims bounded (bounded_claims); the bounded steps
+        are kept in `current.steps` for judging its norm."""
         claims = {node: (record["samples"], record["steps"]) for node, record in current.accepted.items()}
-        bounded = bounded_claims(claims, self.recent_per_step, sync_every=self.algorithm.sync_every,
-                                 ratio=MAX_CLAIM_RATIO)  # fmt: skip
+        bounded = bounded_claims(
+            claims, self.recent_per_step, max_steps=self._step_cap, ratio=MAX_CLAIM_RATIO
+        )
+        current.steps = {node: steps for node, (_, steps) in bounded.items()}
         return {node: self.algorithm.merge.weight(*bounded[node]) for node in claims}
 
     def _outer_state(self, fragment: int, version: int, anchor: Arrays) -> OuterState:
@@ -244,9 +255,9 @@ class Merger:
         """Keep a commit's contributors' measured norms and samples per step, for judging later rounds."""
         norms = self.recent_norms.setdefault(fragment, deque(maxlen=HISTORY))
         for entry in contributors:
-            if "norm" in entry:
-                norms.append(float(entry["norm"]))
             if entry["steps"] > 0:  # a commit record's contributors are typed by records.CONTRIBUTOR
+                if "norm" in entry:
+                    norms.append(entry["norm"] / min(entry["steps"], self._step_cap))
                 per_step = self.recent_per_step.setdefault(entry["node"], deque(maxlen=HISTORY))
                 per_step.append(entry["samples"] / entry["steps"])
 
