@@ -113,3 +113,24 @@ FGDILOCO_WEEKS_1T_AT_200M = {"globalm1": 16.0, "diloco": 29.0}
 # tokens per step over the 8 workers; we take 2^18 = 262,144 (32 sequences of 1,024 tokens a worker).
 FGDILOCO_BATCH = 32 * 1024
 FGDILOCO_CLUSTER = Cluster(params=1.5e9, layers=26, step_time=2.4, workers=8, latency=0.0)
+
+
+def table4_markdown(model: Model = utilization) -> str:
+    """Table 4 beside the model, as the Markdown table docs/planning.md shows."""
+    lines = ["| method | scale | " + " | ".join(f"{t:.0%}" for t in TABLE4_TARGETS) + " |"]
+    lines.append("|" + " --- |" * (2 + len(TABLE4_TARGETS)))
+    cells = table4(model)
+    for row in TABLE4_ROWS:
+        for scale in TABLE4_SCALES:
+            mine = [c for c in cells if c.row == row and c.scale == scale]
+            text = [f"{c.paper_gbits:g} / {c.model_gbits:.3g}{' **' if c.ratio > 1.2 else ''}" for c in mine]
+            lines.append(f"| {row} | {scale} | " + " | ".join(text) + " |")
+    ratios = [c.ratio for c in cells]
+    worst = max(cells, key=lambda c: c.ratio)
+    lines.append("")
+    lines.append(
+        f"Within 1.2×: {sum(r <= 1.2 for r in ratios)} of {len(cells)}; within 1.5×: "
+        f"{sum(r <= 1.5 for r in ratios)}; worst: {worst.row}, {worst.scale}, {worst.target:.0%} "
+        f"({worst.paper_gbits:g} against {worst.model_gbits:.3g} Gbit/s, {worst.ratio:.3f}×)."
+    )
+    return "\n".join(lines)

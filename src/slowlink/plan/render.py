@@ -1,6 +1,7 @@
 """The plan as text for people and as JSON for programs (docs/planning.md lists the JSON fields)."""
 
 import json
+import textwrap
 
 from .planner import NEEDED_TARGETS, Plan, Row
 from .recommend import describe
@@ -61,7 +62,7 @@ def render_text(plan: Plan) -> str:
     for pick in plan.recommendations:
         out.append(f"  at {format_bandwidth(pick.bandwidth)}: {describe(pick.method)}, "
                    f"{pick.method.encoding} ({pick.utilization:.1%})")  # fmt: skip
-        out.append(f"    why: {pick.reason}")
+        out += textwrap.wrap(pick.reason, 106, initial_indent="    why: ", subsequent_indent="         ")
         out.append(f"    use: {pick.config or _no_config(pick.method.name)}")
     return "\n".join(out)
 
