@@ -106,6 +106,15 @@ def test_with_overlap_beyond_the_spacing_the_closed_form_is_pessimistic():
     assert max(gaps) > 0.02  # the queue between fragments is real, and only the timeline sees it
 
 
+def test_a_backlog_that_grows_before_anything_waits_is_not_taken_for_a_steady_state():
+    # τ = 153 of H = 197 leaves rounds of slack: with the link 5% over one round's worth, the first
+    # rounds wait for nothing while the backlog grows; the steady state is link-bound at 1/1.05.
+    cluster = Cluster(params=1e9, layers=18, step_time=3.59, workers=12)
+    method = Method(name="streaming", label="S", sync_every=197, fragments=5, overlap_steps=153)
+    bandwidth = cluster.ring_factor * 16 * cluster.params / (197 * 3.59) / 1.05
+    assert timeline.utilization(cluster, method, bandwidth) == pytest.approx(1 / 1.05, rel=1e-6)
+
+
 @pytest.mark.parametrize("name", ["dp", "diloco", "streaming", "globalm1"])
 def test_utilization_never_falls_as_bandwidth_grows(name):
     cluster = Cluster(params=1e9, layers=24, step_time=0.1, workers=4)

@@ -7,7 +7,8 @@ fragment, released when Bw_ℓ ends, onto one FIFO link (d seconds each, model.p
 t + 1 + τ waits for layer ℓ's message of step t. Per step, with c the end of the last backward:
     start(F_ℓ) = ℓ·u + max(c, max_{j ≤ ℓ}(ready_j − j·u))          (forward with waits)
     finish_i   = (i+1)·d + max(link_free, max_{j ≤ i}(release_j − j·d))   (FIFO link, in release order)
-CU = H·T_c / (duration of one round of H steps), once two rounds in a row take the same time.
+CU = H·T_c / (duration of one round of H steps), once two rounds in a row take the same time and
+leave the same backlog on the link.
 """
 
 import math
@@ -16,7 +17,8 @@ import numpy as np
 
 from .model import Cluster, LayerTimes, Method, layer_times
 
-MAX_STEPS = 100_000  # a bound on simulated steps; a round of H steps repeats long before
+MAX_STEPS = 200_000  # bounds on the simulation; a round of H steps repeats long before either
+MAX_ROUNDS = 2_000
 SETTLED = 1e-9  # relative change in a round's duration below which the timeline repeats
 
 
@@ -74,16 +76,22 @@ def utilization(cluster: Cluster, method: Method, bandwidth: float) -> float:
     """Steady-state compute utilization, compute / (compute + waiting), at `bandwidth` bits/s."""
     run = _Run(layer_times(cluster, method, bandwidth), method, method.groups(cluster.layers))
     period = method.sync_every
-    rounds: list[float] = []
-    for r in range(max(4, MAX_STEPS // period)):
+    rounds: list[tuple[float, float]] = []  # (duration, link backlog at the round's end)
+    for r in range(max(4, min(MAX_ROUNDS, MAX_STEPS // period))):
         begin = run.clock
         run.round(r * period, (r + 1) * period)
-        rounds.append(run.clock - begin)
-        if len(rounds) >= 4 and abs(rounds[-1] - rounds[-2]) <= SETTLED * rounds[-1]:
-            return min(1.0, period * cluster.step_time / rounds[-1])
+        rounds.append((run.clock - begin, max(0.0, run.link_free - run.clock)))
+        # Settled once a round repeats and the link's backlog has stopped growing: a backlog can grow
+        # for rounds before anything waits, when τ leaves slack.
+        if len(rounds) >= 4 and _same(rounds[-1], rounds[-2], scale=rounds[-1][0]):
+            return min(1.0, period * cluster.step_time / rounds[-1][0])
     # No exact repeat (a cycle longer than one round): average the second half of the rounds.
-    tail = rounds[len(rounds) // 2 :]
+    tail = [duration for duration, _ in rounds[len(rounds) // 2 :]]
     return min(1.0, period * cluster.step_time * len(tail) / sum(tail))
+
+
+def _same(a: tuple[float, float], b: tuple[float, float], scale: float) -> bool:
+    return all(abs(x - y) <= SETTLED * scale for x, y in zip(a, b, strict=True))
 
 
 def trace(cluster: Cluster, method: Method, bandwidth: float, steps: int) -> list[tuple[float, float]]:
