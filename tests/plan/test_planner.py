@@ -48,7 +48,7 @@ def test_the_bandwidth_needed_grows_with_the_target_and_reaches_it():
 
 
 def test_the_recommendation_is_the_first_candidate_in_loss_order_to_reach_the_target():
-    options = candidates(the_plan())
+    options = candidates(REQUEST)
     assert options[0].name == "dp" and options[-1].name == "globalm1"
     for pick in the_plan().recommendations:
         assert pick.reaches_target and pick.utilization >= 0.9
@@ -86,7 +86,7 @@ def test_when_nothing_reaches_the_target_the_best_is_named_with_the_bandwidth_it
         pick.reason.startswith("Nothing reaches the 100% target at 10 Mbit/s")
         or "Nothing reaches" in pick.reason
     )
-    best = max(timeline.utilization(CLUSTER, m, 10e6) for m in candidates(make_plan(request)))
+    best = max(timeline.utilization(CLUSTER, m, 10e6) for m in candidates(request))
     assert pick.utilization == best and "needs" in pick.reason
 
 

@@ -9,8 +9,9 @@ docs/planning.md states every assumption. Depends on numpy and the standard libr
 from .anchors import table4
 from .model import Cluster, Method, layers_for, step_time_from_flops
 from .options import PlanOptions, request_from_options
-from .planner import Plan, PlanRequest, make_plan
+from .planner import Plan, make_plan
 from .render import plan_dict, render_json, render_text
+from .request import PlanRequest
 from .search import MODELS, bandwidth_for
 
 __all__ = [

@@ -71,8 +71,11 @@ class Method:
         )
         _check(self.overlap_steps >= 0, f"--overlap-steps {self.overlap_steps} must be at least 0")
         _check(self.bits > 0, f"{self.name}: bits per value {self.bits} must be positive")
-        step = self.step_spacing
-        _check(step >= 1 and (self.fragments - 1) * step < self.sync_every, f"spacing {step} is too wide")
+        step, p, h = self.step_spacing, self.fragments, self.sync_every
+        _check(
+            step >= 1 and (p - 1) * step < h,
+            f"spacing {step} with {p} fragments does not fit in H = {h}: (P − 1)·spacing must be below H",
+        )
 
     @property
     def step_spacing(self) -> int:
@@ -130,7 +133,9 @@ def layers_for(params: float) -> int:
     return max(1, round((params / (12 * 85.0**2)) ** (1 / 3)))
 
 
-def step_time_from_flops(params: float, batch_tokens: float, chips: float, peak_flops: float, mfu: float):
+def step_time_from_flops(
+    params: float, batch_tokens: float, chips: float, peak_flops: float, mfu: float
+) -> float:
     """T_c = 6·N·tokens / (chips · peak FLOP/s · MFU): the Kaplan count of training FLOPs per step."""
     _check(chips > 0, f"--chips {chips} must be positive")
     _check(peak_flops > 0, f"--peak-flops {peak_flops} must be positive FLOP/s, e.g. 989e12")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 from . import units
 from .model import Cluster, layers_for, step_time_from_flops
-from .planner import PlanRequest
+from .request import PlanRequest
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,14 +10,25 @@ sources' quality results (research/algorithms.md):
     3. for each H: GlobalM1 (perplexity 19.42 against DiLoCo's 18.65 at 10B tokens, loss spikes, §4.5).
 """
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from .model import Method
-from .planner import Plan, Recommendation, data_parallel, methods_for
+from .request import PlanRequest, data_parallel, methods_for
 from .search import bandwidth_for, model_named
 from .units import format_bandwidth, format_percent
 
 MAX_OVERLAP = 5  # the paper's advice: τ ≤ 5; beyond it little utilization is gained
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    bandwidth: float
+    method: Method
+    utilization: float
+    reaches_target: bool
+    reason: str
+    config: str | None
+
 
 WHY = {
     "dp": "every step is exact, so nothing is lost to local steps",
@@ -30,8 +41,8 @@ WHY = {
 }
 
 
-def candidates(plan: Plan) -> list[Method]:
-    request = plan.request
+def candidates(request: PlanRequest) -> list[Method]:
+    """Every option, in the order above."""
     ordered = [data_parallel()]
     for h in sorted(request.sync_every):
         family = methods_for(request, h)
@@ -45,17 +56,18 @@ def candidates(plan: Plan) -> list[Method]:
     return ordered
 
 
-def recommend(plan: Plan) -> list[Recommendation]:
-    request = plan.request
+def recommend(request: PlanRequest) -> list[Recommendation]:
+    """One pick per requested bandwidth."""
     model = model_named(request.model)
-    options = candidates(plan)
+    options = candidates(request)
     picks = []
     for w in request.bandwidths:
         scored = [(method, model(request.cluster, method, w)) for method in options]
         reaching = [(m, cu) for m, cu in scored if cu >= request.target]
         method, cu = reaching[0] if reaching else max(scored, key=lambda pair: pair[1])
-        reason = _reason(plan, w, method, cu, scored, bool(reaching))
-        picks.append(Recommendation(w, method, cu, bool(reaching), reason, slowlink_config(method, plan)))
+        reason = _reason(request, w, method, cu, scored, bool(reaching))
+        config = slowlink_config(method, request.cluster.workers)
+        picks.append(Recommendation(w, method, cu, bool(reaching), reason, config))
     return picks
 
 
@@ -71,8 +83,7 @@ def describe(method: Method) -> str:
     return ", ".join(parts)
 
 
-def _reason(plan: Plan, w: float, method: Method, cu: float, scored, reached: bool) -> str:
-    request = plan.request
+def _reason(request: PlanRequest, w: float, method: Method, cu: float, scored, reached: bool) -> str:
     at, target = format_bandwidth(w), format_percent(request.target)
     simpler = [(m, c) for m, c in scored[: [m for m, _ in scored].index(method)]]
     best_simpler = {}
@@ -91,7 +102,7 @@ def _reason(plan: Plan, w: float, method: Method, cu: float, scored, reached: bo
     )
 
 
-def slowlink_config(method: Method, plan: Plan) -> str | None:
+def slowlink_config(method: Method, workers: int) -> str | None:
     """The `sl.DiLoCo(...)` that runs this method; None where slowlink has no such method."""
     if method.name in ("dp", "globalm1"):
         return None
@@ -101,7 +112,7 @@ def slowlink_config(method: Method, plan: Plan) -> str | None:
     options.append(f"overlap_steps={method.overlap_steps}")
     if method.overlap_steps:
         options.append("mixing=0.5")
-    options.append(f"quorum_size={plan.request.cluster.workers}")
+    options.append(f"quorum_size={workers}")
     if method.encoding == "F4":
         options.append('delta_dtype="F4"')
     return f"sl.DiLoCo({', '.join(options)})"
