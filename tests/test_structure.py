@@ -9,7 +9,8 @@ import slowlink as sl
 PACKAGE = Path(sl.__file__).parent
 
 # DESIGN.md's layers, bottom first. errors.py and events.py are shared vocabulary, below everything.
-LAYERS = ["errors", "events", "metrics", "frameworks", "mailbox", "wire", "algorithms", "sim", "collective",
+# plan (the utilization planner) is pure arithmetic: it needs only errors, and cli imports it.
+LAYERS = ["errors", "events", "metrics", "plan", "frameworks", "mailbox", "wire", "algorithms", "sim", "collective",
           "protocol", "session", "checkpoint", "demo", "cli"]  # fmt: skip
 
 
