@@ -88,10 +88,13 @@ def test_junk_written_first_to_the_next_commit_key_is_replaced_and_the_round_com
 
 
 def test_a_signed_leader_record_replayed_every_lease_does_not_stop_merging(store):
+    first = tiny_mlp()
+    with session(first, store, node_id="b") as s:
+        assert train_until(s, first, 2) >= 2
+        captured = store.get(keys.LEADER).data  # b's valid, signed leader.json of term 1
     model = tiny_mlp()
-    with session(model, store) as s:
-        assert train_until(s, model, 2) >= 2
-        captured = store.get(keys.LEADER).data  # a valid, signed leader.json of an earlier beat
+    with session(model, store) as s:  # a takes the leadership b released, in a later term
+        assert train_until(s, model, 4) >= 4
         replayed_at = [time.monotonic()]
 
         def tamper(step: int) -> None:

@@ -160,7 +160,7 @@ def norm_outliers(
                 f"the median norm of the round's {len(others)} other contributions",
             )
         elif per_step := [value for value in history if math.isfinite(value)]:
-            spans = 1 if steps is None else steps[node]
+            spans = 1 if steps is None else steps.get(node, 1)
             reference = max(per_step) * spans
             against = (f"{spans} step(s) at the largest norm per step of the fragment's {len(per_step)} recently "
                        "merged contributions")  # fmt: skip

@@ -121,17 +121,28 @@ class Courier:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop the thread, then leave: finish an unnamed commit, release the leadership, drop the lease.
+        A second Ctrl-C while waiting for the thread stops the wait, not the leaving: each part still
+        runs, and the interrupt is raised once they have."""
         self._stopping.set()
         self.wake.set()
-        self._thread.join()
+        interrupted: KeyboardInterrupt | None = None
+        try:
+            self._thread.join()
+        except KeyboardInterrupt as error:
+            interrupted = error
         leaving = [self.leadership.release, lambda: self.mailbox.delete([keys.node(self.node_id)])]
-        if self.leadership.is_leader:  # first, a commit whose head.json update failed on the last turn
+        if self.leadership.is_leader and interrupted is None:  # first, a commit head.json does not name yet
             leaving.insert(0, self._recover_head)
         for part in leaving:  # each its own chance: nobody should wait a lease for a node that left
             try:
                 part()
             except (MailboxError, PayloadError) as error:
                 self.emit(Event("mailbox_error", self.node_id, f"while leaving: {error}"))
+            except KeyboardInterrupt as error:
+                interrupted = error
+        if interrupted is not None:
+            raise interrupted
 
     def live_nodes(self, fresh: bool = False) -> set[str]:
         if fresh:

@@ -1,0 +1,34 @@
+"""A node for the Ctrl-C test: leads a run over a slow DirMailbox, prints "leading" once it merges, then
+trains until interrupted. Run as: python interrupted_node.py MAILBOX_PATH."""
+
+import itertools
+import sys
+import time
+
+import torch
+
+import slowlink as sl
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from nodes import batches, sgd_step, tiny_mlp  # noqa: E402
+
+
+def main(path: str) -> None:
+    torch.set_num_threads(1)
+    # Every request takes 0.4 s: leaving takes a while, long enough for a second Ctrl-C to land in it.
+    mailbox = sl.mailbox.Faulty(sl.DirMailbox(path), latency=0.4)
+    model = tiny_mlp()
+    with sl.Session(model, algorithm=sl.DiLoCo(sync_every=1), mailbox=mailbox, node_id="a",
+                    poll_seconds=0.01, lease_seconds=60.0) as session:  # fmt: skip
+        told = False
+        for batch in itertools.cycle(batches(0, 50)):
+            sgd_step(model, batch, 0.05)
+            session.step(samples=4)
+            if not told and session.stats.is_leader and session.stats.versions[0] >= 1:
+                print("leading", flush=True)
+                told = True
+            time.sleep(0.01)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
