@@ -7,6 +7,8 @@ into moto's S3 server with boto3 directly, an HTTP server that streams without e
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import http.server
 import json
 import logging
@@ -24,8 +26,8 @@ from pathlib import Path
 import pytest
 
 import slowlink
-from slowlink.errors import ConfigError, MailboxRejected, ObjectTooLarge, PayloadError
-from slowlink.mailbox import DirMailbox, MemoryMailbox, Object
+from slowlink.errors import ConfigError, MailboxRejected, MailboxUnavailable, ObjectTooLarge, PayloadError
+from slowlink.mailbox import DirMailbox, MemoryMailbox, Object, directory
 from slowlink.mailbox.faulty import Faulty
 from slowlink.mailbox.metered import Metered
 from tests.s3server import dummy_credentials, fresh_s3_mailbox
@@ -143,6 +145,42 @@ def test_deleting_a_key_that_is_a_link_removes_the_link_and_never_its_target(tmp
     assert not os.path.lexists(mailbox.path / "blobs" / "ab12")
     assert (home / ".ssh" / "authorized_keys").exists()
     assert mailbox.get("blobs/keep").data == b"x"
+
+
+def lock_file(mailbox: DirMailbox, key: str) -> Path:
+    lock = mailbox.path / ".slowlink" / "locks" / hashlib.sha1(key.encode()).hexdigest()
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    return lock
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_a_lock_file_that_is_not_a_regular_file_is_refused_and_nothing_is_made_through_it(tmp_path, kind):
+    mailbox, _ = directory_mailbox(tmp_path)
+    etag = mailbox.put("head.json", b"v1")
+    lock, outside = lock_file(mailbox, "head.json"), tmp_path / "outside-lock"
+    if kind == "link":
+        lock.symlink_to(outside)
+    else:
+        os.mkfifo(lock)
+    with pytest.raises(MailboxRejected, match=r"lock file .* is a (symbolic link|FIFO); remove"):
+        mailbox.put("head.json", b"v2", if_match=etag)
+    assert not outside.exists() and temporaries(mailbox) == []
+    assert mailbox.get("head.json").data == b"v1"
+
+
+def test_a_lock_held_outside_the_run_fails_a_compare_and_swap_at_its_deadline_not_never(
+    tmp_path, monkeypatch
+):
+    mailbox, _ = directory_mailbox(tmp_path)
+    etag = mailbox.put("head.json", b"v1")
+    monkeypatch.setattr(directory, "LOCK_SECONDS", 0.05)
+    with open(lock_file(mailbox, "head.json"), "a+b") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        with pytest.raises(MailboxUnavailable, match=r"head.json .* lock file .* was held for 0.05 s"):
+            mailbox.put("head.json", b"v2", if_match=etag)
+    assert mailbox.get("head.json").data == b"v1" and temporaries(mailbox) == []
+    mailbox.put("head.json", b"v2", if_match=etag)  # let go of: the swap goes through
+    assert mailbox.get("head.json").data == b"v2"
 
 
 # -- special files and sizes -----------------------------------------------------------------------

@@ -116,6 +116,31 @@ def open_file(folder: int, name: str, path: str) -> tuple[int, os.stat_result]:
         raise
 
 
+def open_lock(folder: int, name: str, path: str) -> int:
+    """A read-write descriptor of the regular file `name` in `folder`, created if absent, for flock.
+
+    Raises Unsafe if something else (a link, a FIFO, a device) has the name; it is then never opened.
+    """
+    try:
+        mode = os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFREG
+    if not stat.S_ISREG(mode):
+        raise Unsafe(path, mode)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, 0o666, dir_fd=folder)
+    except OSError as error:
+        if error.errno in _REFUSALS:
+            raise Unsafe(path, stat.S_IFLNK) from None
+        raise
+    opened = os.fstat(fd).st_mode
+    if not stat.S_ISREG(opened):
+        os.close(fd)
+        raise Unsafe(path, opened)
+    return fd
+
+
 def lstat_regular(folder: int, name: str) -> os.stat_result | None:
     """The stat of `name` in `folder` if it is a regular file; None if absent or anything else."""
     try:

@@ -19,14 +19,16 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from ..errors import MailboxRejected, ObjectTooLarge, PreconditionFailed
-from .beneath import Unsafe, lstat_regular, open_file, open_folder
+from ..errors import MailboxRejected, MailboxUnavailable, ObjectTooLarge, PreconditionFailed
+from .beneath import Unsafe, lstat_regular, open_file, open_folder, open_lock
 from .contract import Listing, Object, check_key, is_key
 from .ignored import IgnoredHook, IgnoredKeys, warn_ignored
 from .limits import read_capped, resolve_limit
 
 _INTERNAL = ".slowlink"  # temporary files and locks live here, outside every key
 _SCRATCH, _LOCKS = (_INTERNAL, "tmp"), (_INTERNAL, "locks")
+# A node holds a key's lock for one rename; one held this long is held by a process outside the run.
+LOCK_SECONDS = 10.0
 _MAX_DEPTH = 16  # folders a listing descends; slowlink's keys are at most 4 parts deep
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 _NOT_ALLOWED = {errno.EACCES, errno.EPERM, errno.EROFS}
@@ -124,17 +126,39 @@ class DirMailbox:
 
     @contextmanager
     def _key_lock(self, root: int, key: str) -> Iterator[None]:
+        name = hashlib.sha1(key.encode()).hexdigest()
+        path = "/".join((*_LOCKS, name))
         locks = self._writable_folder(root, _LOCKS, key)
         try:
-            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(hashlib.sha1(key.encode()).hexdigest(), flags, 0o666, dir_fd=locks)
+            fd = open_lock(locks, name, path)
+        except Unsafe as unsafe:
+            raise MailboxRejected(
+                f"cannot write {key} in mailbox directory {self.path}: its lock file {path} is {unsafe.what}; "
+                f"remove {self.path / path}"
+            ) from None
         finally:
             os.close(locks)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._wait_for_lock(fd, key, path)
             yield
         finally:
             os.close(fd)  # which releases the lock
+
+    def _wait_for_lock(self, fd: int, key: str, path: str) -> None:
+        deadline, pause = time.monotonic() + LOCK_SECONDS, 0.0005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise MailboxUnavailable(
+                        f"cannot write {key} in mailbox directory {self.path}: its lock file {path} was held "
+                        f"for {LOCK_SECONDS} s, and a node holds it only for one rename; find the process "
+                        f"holding it (fuser {self.path / path}) and stop it"
+                    ) from None
+                time.sleep(pause)
+                pause = min(2 * pause, 0.01)
 
     def _writable_folder(self, root: int, parts: tuple[str, ...] | list[str], key: str) -> int:
         try:
