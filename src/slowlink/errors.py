@@ -6,6 +6,7 @@ SlowlinkError
 ├── RunConfigMismatch    this node's algorithm configuration differs from the run's
 ├── SessionStateError    a Session used outside its `with` block, or twice
 ├── PayloadError         bytes from the store that fail a check (digest, header, size, encoding)
+│   └── ObjectTooLarge   an object over its reader's size limit, refused before it was read
 ├── TrainingDiverged     this node's parameters hold NaN or values its delta_dtype cannot carry
 └── MailboxError         the store failed
     ├── PreconditionFailed   a create-once key exists, or a compare-and-swap lost
@@ -36,6 +37,25 @@ class SessionStateError(SlowlinkError, RuntimeError):
 
 class PayloadError(SlowlinkError):
     """Bytes read from the store failed a check; they never touch a model."""
+
+
+class ObjectTooLarge(PayloadError):
+    """An object in the store is larger than its reader's `max_bytes`; it was refused before it was read.
+
+    `size` is its length in bytes, or None when it kept coming past the limit whatever it said.
+    """
+
+    def __init__(self, key: str, size: int | None, limit: int, where: str = "the mailbox") -> None:
+        self.key, self.size, self.limit, self.where = key, size, limit, where
+        stated = f"{size} bytes" if size is not None else f"more than {limit} bytes"
+        super().__init__(
+            f"{key} in {where} is {stated}, over the {limit}-byte limit its reader set, so it was not "
+            "read. If it is not the run's, delete it; if it is genuine, read it with a larger "
+            "get(..., max_bytes=...)"
+        )
+
+    def __reduce__(self) -> tuple:  # the message is built from the fields, so a copy rebuilds from them
+        return type(self), (self.key, self.size, self.limit, self.where)
 
 
 class TrainingDiverged(SlowlinkError):

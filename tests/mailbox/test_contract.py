@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from slowlink.errors import ConfigError, PreconditionFailed
-from slowlink.mailbox import DirMailbox, Listing, Object
+from slowlink.errors import ConfigError, ObjectTooLarge, PayloadError, PreconditionFailed
+from slowlink.mailbox import DirMailbox, Listing, Object, limits
 
 
 def race(threads: int, action: Callable[[int], str]) -> dict[int, str | None]:
@@ -82,6 +82,53 @@ def test_bytearray_and_memoryview_are_stored_as_their_bytes(mailbox):
     mailbox.put("b", memoryview(b"0123456789")[2:5])
     assert mailbox.get("a").data == b"xyz"
     assert mailbox.get("b").data == b"234"
+
+
+# -- size limits -----------------------------------------------------------------------------------
+
+
+def test_an_object_over_max_bytes_is_refused_naming_its_key_size_and_limit(mailbox):
+    mailbox.put("blobs/b", b"x" * 2000)
+    with pytest.raises(ObjectTooLarge, match=r"blobs/b .*2000 bytes.*1999-byte limit") as raised:
+        mailbox.get("blobs/b", max_bytes=1999)
+    assert (raised.value.key, raised.value.size, raised.value.limit) == ("blobs/b", 2000, 1999)
+    assert isinstance(raised.value, PayloadError)  # what readers of records and payloads already handle
+    assert mailbox.get("blobs/b", max_bytes=2000).data == b"x" * 2000
+
+
+def test_an_empty_object_reads_under_a_limit_of_zero_and_an_absent_one_is_none(mailbox):
+    etag = mailbox.put("empty", b"")
+    assert mailbox.get("empty", max_bytes=0) == Object(b"", etag)
+    assert mailbox.get("absent", max_bytes=0) is None
+
+
+def test_an_unchanged_object_answers_a_conditional_get_whatever_its_size(mailbox):
+    etag = mailbox.put("head.json", b"x" * 100)
+    assert mailbox.get("head.json", if_none_match=etag, max_bytes=10) == Object(None, etag)
+    newer = mailbox.put("head.json", b"y" * 100)
+    with pytest.raises(ObjectTooLarge):  # changed: its bytes would be read, so the limit holds
+        mailbox.get("head.json", if_none_match=etag, max_bytes=10)
+    assert mailbox.get("head.json", if_none_match=etag, max_bytes=100) == Object(b"y" * 100, newer)
+
+
+def test_without_max_bytes_the_default_cap_applies(mailbox, monkeypatch):
+    monkeypatch.setattr(limits, "DEFAULT_MAX_BYTES", 1000)
+    mailbox.put("blobs/over", b"x" * 1001)
+    mailbox.put("blobs/at", b"x" * 1000)
+    with pytest.raises(ObjectTooLarge, match="1001 bytes, over the 1000-byte limit"):
+        mailbox.get("blobs/over")
+    assert mailbox.get("blobs/at").data == b"x" * 1000
+
+
+@pytest.mark.parametrize("max_bytes", [-1, 1.5, "10", True])
+def test_max_bytes_must_be_a_whole_number_of_bytes(mailbox, max_bytes):
+    mailbox.put("k", b"x")
+    with pytest.raises(ConfigError, match="max_bytes"):
+        mailbox.get("k", max_bytes=max_bytes)
+
+
+def test_every_mailbox_has_an_on_ignored_hook(mailbox):
+    assert callable(mailbox.on_ignored)
 
 
 # -- create-once -----------------------------------------------------------------------------------
@@ -292,7 +339,22 @@ def test_deleting_removes_the_named_keys_and_ignores_absent_ones(mailbox):
 
 # -- keys ------------------------------------------------------------------------------------------
 
-INVALID_KEYS = ["", "/a", "a/", "a//b", "..", "../x", "a/../b", "./a", "a/./b", "a b", "a\\b", "é", "a?b"]
+INVALID_KEYS = [
+    "",
+    "/a",
+    "a/",
+    "a//b",
+    "..",
+    "../x",
+    "a/../b",
+    "./a",
+    "a/./b",
+    "a b",
+    "a\\b",
+    "é",
+    "a?b",
+    "a\n",
+]
 
 
 @pytest.mark.parametrize("key", INVALID_KEYS)

@@ -1,6 +1,8 @@
 """Records that cannot be read (garbled here; unsigned or forged in a signed run) do not stop a run:
 an unreadable leader.json is taken over at once, and an unreadable head.json is rebuilt from the commits."""
 
+import os
+import stat
 import time
 
 import slowlink as sl
@@ -61,3 +63,28 @@ def readable_head(mailbox) -> int:
         return read_head(mailbox, 1)[0][0]
     except sl.PayloadError:
         return -1
+
+
+def test_a_fifo_and_a_link_in_place_of_head_and_leader_records_do_not_stop_a_directory_run(tmp_path):
+    # Over a directory the records can be replaced by what no node writes: a FIFO (whose open would wait
+    # forever) and a link to a file outside the run (which a write must not reach). Both read as absent,
+    # so the run re-creates head.json and leader.json, and goes on.
+    mailbox = sl.DirMailbox(tmp_path / "run")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the run's")
+    models = [tiny_mlp(), tiny_mlp()]
+    options = {"algorithm": sl.DiLoCo(sync_every=2), "mailbox": mailbox, "poll_seconds": 0.005}
+    with (
+        sl.Session(models[0], node_id="a", lease_seconds=8.0, **options) as a,
+        sl.Session(models[1], node_id="b", lease_seconds=8.0, **options) as b,
+    ):
+        train_until([a, b], models, lambda: read_commit(mailbox, 0, 2) is not None)
+        (mailbox.path / keys.HEAD).unlink()
+        os.mkfifo(mailbox.path / keys.HEAD)
+        (mailbox.path / keys.LEADER).unlink()
+        (mailbox.path / keys.LEADER).symlink_to(outside)
+        train_until([a, b], models, lambda: read_commit(mailbox, 0, 6) is not None)
+        train_until([a, b], models, lambda: readable_head(mailbox) >= 5)
+    assert outside.read_text() == "not the run's"
+    for key in (keys.HEAD, keys.LEADER):
+        assert stat.S_ISREG(os.lstat(mailbox.path / key).st_mode)

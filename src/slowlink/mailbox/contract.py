@@ -1,8 +1,11 @@
 """The storage contract: five verbs every mailbox implements, and nothing more.
 
 `put` (create-once with `if_absent`, compare-and-swap with `if_match`), `get` (conditional with
-`if_none_match`), `list` (byte order), `delete`, and `clock`. The protocol layer is written against
-this contract only; tests/mailbox/test_contract.py runs one suite against every implementation.
+`if_none_match`, capped by `max_bytes`), `list` (byte order), `delete`, and `clock`. The protocol layer
+is written against this contract only; tests/mailbox/test_contract.py runs one suite against every
+implementation. A store may hold what slowlink could not have written (a key that fails `check_key`, a
+link or a FIFO in a directory): no verb ever uses it, and each implementation reports it once through its
+`on_ignored(key, reason)` attribute (mailbox/ignored.py).
 """
 
 from __future__ import annotations
@@ -43,8 +46,14 @@ class Mailbox(Protocol):
         """
         ...
 
-    def get(self, key: str, *, if_none_match: str | None = None) -> Object | None:
-        """The object under `key`, None if absent; `data` is None when its etag equals `if_none_match`."""
+    def get(
+        self, key: str, *, if_none_match: str | None = None, max_bytes: int | None = None
+    ) -> Object | None:
+        """The object under `key`, None if absent; `data` is None when its etag equals `if_none_match`.
+
+        max_bytes: an object larger than this raises ObjectTooLarge before any of it is read; None means
+        limits.DEFAULT_MAX_BYTES, never unbounded.
+        """
         ...
 
     def list(self, prefix: str, *, start_after: str | None = None) -> list[Listing]:
@@ -60,8 +69,13 @@ class Mailbox(Protocol):
         ...
 
 
+def is_key(key: str) -> bool:
+    """Whether slowlink could have written `key`: what a listing of a hostile store is filtered by."""
+    return bool(KEY_PATTERN.fullmatch(key)) and not any(part in (".", "..") for part in key.split("/"))
+
+
 def check_key(key: str) -> str:
-    if not KEY_PATTERN.match(key) or any(part in (".", "..") for part in key.split("/")):
+    if not is_key(key):
         raise ConfigError(
             f"mailbox key {key!r} is not allowed: use '/'-separated parts of letters, digits, '.', '_' and '-'"
         )

@@ -4,6 +4,7 @@ It fails requests (before the inner mailbox saw them, or after a write was appli
 real stores do), delays them, makes them time out, and cuts GET answers short. Each injected fault is
 counted in `faults`; which request gets which fault depends only on the seed, the verb, the key and how
 many times that verb has been asked of that key, so a run is repeatable whatever the thread interleaving.
+`on_ignored` is the inner mailbox's: reading or setting it here reads or sets it there.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from ..errors import ConfigError, MailboxUnavailable
 from .contract import Listing, Mailbox, Object, check_key
+from .ignored import IgnoredHook
 
 VERBS = ("put", "get", "list", "delete")
 WRITES = ("put", "delete")
@@ -132,9 +134,13 @@ class Faulty:
             "put", key, lambda: self.inner.put(key, data, if_absent=if_absent, if_match=if_match)
         )
 
-    def get(self, key: str, *, if_none_match: str | None = None) -> Object | None:
+    def get(
+        self, key: str, *, if_none_match: str | None = None, max_bytes: int | None = None
+    ) -> Object | None:
         check_key(key)
-        return self._call("get", key, lambda: self.inner.get(key, if_none_match=if_none_match))
+        return self._call(
+            "get", key, lambda: self.inner.get(key, if_none_match=if_none_match, max_bytes=max_bytes)
+        )
 
     def list(self, prefix: str, *, start_after: str | None = None) -> list[Listing]:
         return self._call(
@@ -148,6 +154,14 @@ class Faulty:
 
     def clock(self) -> float:
         return self.inner.clock()
+
+    @property
+    def on_ignored(self) -> IgnoredHook:
+        return self.inner.on_ignored  # type: ignore[attr-defined]
+
+    @on_ignored.setter
+    def on_ignored(self, hook: IgnoredHook) -> None:
+        self.inner.on_ignored = hook  # type: ignore[attr-defined]
 
     def __repr__(self) -> str:
         return f"Faulty({self.inner!r}, seed={self.seed}, faults={dict(self.faults)})"

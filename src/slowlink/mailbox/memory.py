@@ -7,14 +7,21 @@ import itertools
 import threading
 import time
 
-from ..errors import PreconditionFailed
+from ..errors import ObjectTooLarge, PreconditionFailed
 from .contract import Listing, Object, check_key
+from .ignored import IgnoredHook, warn_ignored
+from .limits import resolve_limit
 
 
 class MemoryMailbox:
-    """A dict behind a lock. Etags change on every write, even of the same bytes, as a version would."""
+    """A dict behind a lock. Etags change on every write, even of the same bytes, as a version would.
+
+    Only `put` adds keys, and it checks them, so `on_ignored` is never called; it is here because every
+    mailbox has it.
+    """
 
     def __init__(self) -> None:
+        self.on_ignored: IgnoredHook = warn_ignored
         self._objects: dict[str, tuple[bytes, str]] = {}
         self._lock = threading.Lock()
         self._versions = itertools.count(1)
@@ -32,14 +39,21 @@ class MemoryMailbox:
             self._objects[key] = (data, etag)
             return etag
 
-    def get(self, key: str, *, if_none_match: str | None = None) -> Object | None:
+    def get(
+        self, key: str, *, if_none_match: str | None = None, max_bytes: int | None = None
+    ) -> Object | None:
         check_key(key)
+        limit = resolve_limit(max_bytes)
         with self._lock:
             current = self._objects.get(key)
         if current is None:
             return None
         data, etag = current
-        return Object(None if etag == if_none_match else data, etag)
+        if etag == if_none_match:
+            return Object(None, etag)
+        if len(data) > limit:
+            raise ObjectTooLarge(key, len(data), limit, "a MemoryMailbox")
+        return Object(data, etag)
 
     def list(self, prefix: str, *, start_after: str | None = None) -> list[Listing]:
         with self._lock:

@@ -1,4 +1,7 @@
-"""A mailbox wrapper that counts requests by verb and bytes each way, for stats and benchmarks."""
+"""A mailbox wrapper that counts requests by verb and bytes each way, for stats and benchmarks.
+
+`on_ignored` is the inner mailbox's: reading or setting it here reads or sets it there.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import threading
 from collections import Counter
 
 from .contract import Listing, Mailbox, Object
+from .ignored import IgnoredHook
 
 
 class Metered:
@@ -26,8 +30,10 @@ class Metered:
         self._count("PUT", sent=len(data))
         return self.inner.put(key, data, if_absent=if_absent, if_match=if_match)
 
-    def get(self, key: str, *, if_none_match: str | None = None) -> Object | None:
-        found = self.inner.get(key, if_none_match=if_none_match)
+    def get(
+        self, key: str, *, if_none_match: str | None = None, max_bytes: int | None = None
+    ) -> Object | None:
+        found = self.inner.get(key, if_none_match=if_none_match, max_bytes=max_bytes)
         self._count("GET", received=len(found.data) if found is not None and found.data is not None else 0)
         return found
 
@@ -42,6 +48,14 @@ class Metered:
 
     def clock(self) -> float:
         return self.inner.clock()
+
+    @property
+    def on_ignored(self) -> IgnoredHook:
+        return self.inner.on_ignored  # type: ignore[attr-defined]
+
+    @on_ignored.setter
+    def on_ignored(self, hook: IgnoredHook) -> None:
+        self.inner.on_ignored = hook  # type: ignore[attr-defined]
 
     @property
     def total_requests(self) -> int:

@@ -13,152 +13,35 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from typing import Any
 
-import botocore.loaders
-import botocore.session
-from botocore.config import Config
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    FlexibleChecksumError,
-    HTTPClientError,
-    IncompleteReadError,
-    NoCredentialsError,
-    PartialCredentialsError,
-)
-from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
 
-from ..errors import ConfigError, MailboxRejected, MailboxUnavailable, PreconditionFailed
-from .contract import Listing, Object, check_key, join_key
+from ..errors import ConfigError, MailboxRejected, MailboxUnavailable, ObjectTooLarge, PreconditionFailed
+from .contract import Listing, Object, check_key, is_key, join_key
+from .ignored import IgnoredHook, IgnoredKeys, warn_ignored
+from .limits import read_capped, resolve_limit
+from .s3_answers import (
+    DENIED_CODES,
+    NETWORK_ERRORS,
+    Refused,
+    StoreClock,
+    delete_objects,
+    describe,
+    error_code,
+    is_transient,
+    quote_etag,
+    strip_etag,
+)
+from .s3_options import Retries, Timeouts, make_client
 
 log = logging.getLogger(__name__)
 
+__all__ = ["CHECKSUM_MODES", "Retries", "S3Mailbox", "Timeouts"]  # Retries, Timeouts: from s3_options
+
 CHECKSUM_MODES = ("when_supported", "when_required")
 DELETE_BATCH = 1000  # DeleteObjects takes at most this many keys per request
-_THROTTLING = {"SlowDown", "Throttling", "ThrottlingException", "TooManyRequests", "RequestLimitExceeded"}
-# RequestTimeout is a 400 on S3 but means "your upload stalled": as transient as a 503.
-# ConditionalRequestConflict (409): a concurrent conditional write on the same key; AWS says retry.
-_TRANSIENT_CODES = _THROTTLING | {"RequestTimeout", "InternalError", "ServiceUnavailable"}
-_TRANSIENT_CODES.add("ConditionalRequestConflict")
-_DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"}
-_DENIED_CODES.add("InvalidToken")
-# Failures where the request may never have reached the store, or its answer was lost on the way back.
-_NETWORK_ERRORS = (BotoConnectionError, HTTPClientError, IncompleteReadError, FlexibleChecksumError)
-_LOADER: botocore.loaders.Loader | None = None  # shared by all mailboxes' clients, see _make_client
-_LOADER_LOCK = threading.Lock()
-
-
-@dataclass(frozen=True, kw_only=True)
-class Retries:
-    """How a request that failed transiently is tried again.
-
-    `attempts` counts every try, the first included. Before retry k (k = 1, 2, ...) the request sleeps
-    uniform(0, min(max_backoff, first_backoff * 2**(k-1))) seconds: full jitter, so nodes that failed
-    together do not come back together.
-    """
-
-    attempts: int = 8
-    first_backoff: float = 0.2
-    max_backoff: float = 10.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.attempts, int) or self.attempts < 1:
-            raise ConfigError(
-                f"Retries(attempts={self.attempts!r}) must be an integer >= 1 (1 means never retry)"
-            )
-        if not 0 <= self.first_backoff <= self.max_backoff:
-            raise ConfigError(
-                f"Retries(first_backoff={self.first_backoff}, max_backoff={self.max_backoff}) needs "
-                "0 <= first_backoff <= max_backoff, in seconds"
-            )
-
-    def backoff(self, retry: int, rng: random.Random) -> float:
-        return rng.uniform(0.0, min(self.max_backoff, self.first_backoff * 2 ** (retry - 1)))
-
-
-@dataclass(frozen=True, kw_only=True)
-class Timeouts:
-    """Seconds one try may wait: to open a connection, and for each read of the answer."""
-
-    connect: float = 10.0
-    read: float = 60.0
-
-    def __post_init__(self) -> None:
-        if not (self.connect > 0 and self.read > 0):
-            raise ConfigError(f"Timeouts(connect={self.connect}, read={self.read}) must both be > 0 seconds")
-
-
-class _Refused(Exception):
-    """A non-transient answer from the store, for the verb to interpret (412, 304, 404) or reject."""
-
-    def __init__(self, error: ClientError, tries: int) -> None:
-        super().__init__(str(error))
-        self.error, self.tries = error, tries
-        self.code = _code(error)
-        self.status = _status(error)
-
-
-def _code(error: ClientError) -> str:
-    return str(error.response.get("Error", {}).get("Code", ""))
-
-
-def _status(error: ClientError) -> int:
-    return int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-
-
-def _is_transient(error: ClientError) -> bool:
-    status = _status(error)
-    # 501 Not Implemented is permanent: the store lacks the feature, and asking again will not add it.
-    return _code(error) in _TRANSIENT_CODES or status == 429 or (status >= 500 and status != 501)
-
-
-def _describe(error: Exception | None) -> str:
-    if isinstance(error, ClientError):  # its own text adds a misleading "reached max retries: 0"
-        message = error.response.get("Error", {}).get("Message", "")
-        return f"HTTP {_status(error)} {_code(error)} {message}".rstrip()
-    return str(error)
-
-
-def _strip(etag: str) -> str:
-    return etag.strip('"')
-
-
-def _quote(etag: str) -> str:
-    return f'"{_strip(etag)}"'
-
-
-class _StoreClock:
-    """The store's time, estimated from the Date headers of its answers.
-
-    An answer sent between local times t0 and t1 and dated D (whole seconds) bounds the offset
-    store − local to [D − t1, D + 1 − t0]. Intersecting those intervals narrows the estimate well below
-    the header's one-second resolution; a sample that contradicts them (a clock was stepped) restarts it.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._low: float | None = None
-        self._high = 0.0
-
-    def observe(self, headers: dict[str, str], sent: float, received: float) -> None:
-        try:
-            dated = parsedate_to_datetime(headers["date"]).timestamp()
-        except (KeyError, TypeError, ValueError):
-            return
-        low, high = dated - received, dated + 1.0 - sent
-        with self._lock:
-            if self._low is None or low > self._high or high < self._low:
-                self._low, self._high = low, high
-            else:
-                self._low, self._high = max(self._low, low), min(self._high, high)
-
-    def now(self) -> float:
-        with self._lock:
-            offset = 0.0 if self._low is None else (self._low + self._high) / 2
-        return time.time() + offset
+_RETRIES, _TIMEOUTS = Retries(), Timeouts()  # the defaults (frozen values)
 
 
 class S3Mailbox:
@@ -166,7 +49,8 @@ class S3Mailbox:
 
     `requests` counts HTTP requests per verb (retries included) and `retried` the retries among them;
     `bytes_sent` and `bytes_received` count object bytes (retried uploads included), for benchmarks
-    and cost estimates.
+    and cost estimates. `on_ignored(key, reason)` hears once of each listed key that slowlink could not
+    have written (a space, '..', a trailing '/'), which `list` leaves out; by default a logged warning.
     """
 
     def __init__(
@@ -178,8 +62,8 @@ class S3Mailbox:
         region: str | None = None,
         request_checksums: str = "when_supported",
         max_concurrency: int = 8,
-        retries: Retries | int = Retries(),
-        timeout: Timeouts | float = Timeouts(),
+        retries: Retries | int = _RETRIES,
+        timeout: Timeouts | float = _TIMEOUTS,
         addressing_style: str | None = None,
     ) -> None:
         self._arguments = {name: value for name, value in locals().items() if name != "self"}  # for copies
@@ -228,8 +112,10 @@ class S3Mailbox:
         self._slots = threading.BoundedSemaphore(max_concurrency)
         self._client_lock = threading.Lock()
         self._s3: Any = None
-        self._clock = _StoreClock()
+        self._clock = StoreClock()
         self._rng = random.Random()
+        self.on_ignored: IgnoredHook = warn_ignored
+        self._ignored = IgnoredKeys()
 
     # -- plumbing ----------------------------------------------------------------------------------
 
@@ -237,45 +123,18 @@ class S3Mailbox:
         if self._s3 is None:
             with self._client_lock:
                 if self._s3 is None:
-                    self._s3 = self._make_client()
+                    self._s3 = make_client(
+                        endpoint_url=self.endpoint_url, region=self.region, timeout=self.timeout,
+                        max_concurrency=self.max_concurrency, addressing_style=self.addressing_style,
+                        request_checksums=self.request_checksums, where=self._where(),
+                    )  # fmt: skip
         return self._s3
-
-    def _make_client(self) -> Any:
-        options: dict[str, Any] = dict(
-            connect_timeout=self.timeout.connect,
-            read_timeout=self.timeout.read,
-            max_pool_connections=self.max_concurrency,
-            retries={"total_max_attempts": 1, "mode": "standard"},  # we retry, with our own policy and counts
-            s3={"addressing_style": self.addressing_style},
-            request_checksum_calculation=self.request_checksums,
-            response_checksum_validation=self.request_checksums,
-        )
-        try:
-            config = Config(**options)
-        except TypeError:  # botocore before 1.36 has neither option, and sends no trailing checksums anyway
-            del options["request_checksum_calculation"], options["response_checksum_validation"]
-            config = Config(**options)
-        # A session per mailbox (botocore sessions are not thread-safe), sharing one loader of the service
-        # description, which is what makes a new client slow (~0.1 s); client creation is serialised anyway.
-        with _LOADER_LOCK:
-            global _LOADER
-            _LOADER = _LOADER or botocore.loaders.create_loader()
-            session = botocore.session.Session()
-            session.register_component("data_loader", _LOADER)
-            try:
-                return session.create_client(
-                    "s3", endpoint_url=self.endpoint_url, region_name=self.region, config=config
-                )
-            except (ValueError, BotoCoreError) as error:
-                raise ConfigError(
-                    f"cannot make an S3 client for {self._where()}: {error}; check endpoint_url and region"
-                ) from error
 
     def _where(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}" + (f" at {self.endpoint_url}" if self.endpoint_url else "")
 
     def _request(self, verb: str, key: str, call: Callable[[Any], dict]) -> dict:
-        """Run `call(client)` until it succeeds, retrying transient failures; raise _Refused for the rest."""
+        """Run `call(client)` until it succeeds, retrying transient failures; raise Refused for the rest."""
         client = self._client()
         last: Exception | None = None
         for attempt in range(1, self.retries.attempts + 1):
@@ -294,28 +153,28 @@ class S3Mailbox:
             except ClientError as error:
                 headers = error.response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
                 self._clock.observe(headers, sent, time.time())
-                if not _is_transient(error):
-                    raise _Refused(error, attempt) from error
+                if not is_transient(error):
+                    raise Refused(error, attempt) from error
                 last = error
             except (NoCredentialsError, PartialCredentialsError) as error:
                 raise MailboxRejected(
                     f"no usable S3 credentials for {self._where()}: {error}; set AWS_ACCESS_KEY_ID and "
                     "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the environment, see docs/stores.md"
                 ) from error
-            except _NETWORK_ERRORS as error:
+            except NETWORK_ERRORS as error:
                 last = error
             else:
                 headers = answer.get("ResponseMetadata", {}).get("HTTPHeaders", {})
                 self._clock.observe(headers, sent, time.time())
                 return answer
         raise MailboxUnavailable(
-            f"{verb} {key} in {self._where()} failed {self.retries.attempts} times; last error: {_describe(last)}. "
+            f"{verb} {key} in {self._where()} failed {self.retries.attempts} times; last error: {describe(last)}. "
             "The store is throttling, failing or unreachable; check the endpoint and network, "
             "or allow more with S3Mailbox(retries=Retries(attempts=...))"
         ) from last
 
-    def _rejected(self, refused: _Refused, verb: str, key: str) -> MailboxRejected:
-        if refused.status == 403 or refused.code in _DENIED_CODES:
+    def _rejected(self, refused: Refused, verb: str, key: str) -> MailboxRejected:
+        if refused.status == 403 or refused.code in DENIED_CODES:
             return MailboxRejected(
                 f"no permission for bucket {self.bucket!r} at prefix {self.prefix!r} ({verb} {key}: "
                 f"{refused.code or refused.status}); check credentials and the bucket's policy"
@@ -343,7 +202,7 @@ class S3Mailbox:
         if if_absent:
             params["IfNoneMatch"] = "*"
         if if_match is not None:
-            params["IfMatch"] = _quote(if_match)
+            params["IfMatch"] = quote_etag(if_match)
 
         def call(client: Any) -> dict:
             with self._stats_lock:
@@ -352,12 +211,12 @@ class S3Mailbox:
 
         try:
             answer = self._request("PUT", key, call)
-        except _Refused as refused:
+        except Refused as refused:
             raise self._put_refused(refused, key, if_match) from None
         except MailboxUnavailable as error:
             if (
                 isinstance(error.__cause__, ClientError)
-                and _code(error.__cause__) == "ConditionalRequestConflict"
+                and error_code(error.__cause__) == "ConditionalRequestConflict"
             ):
                 self._settle_conflict(key, if_absent, if_match)
             raise
@@ -365,9 +224,9 @@ class S3Mailbox:
         if not etag:  # some gateways leave it out; the contract promises one
             head = self._head(key)
             etag = head["ETag"] if head else ""
-        return _strip(etag)
+        return strip_etag(etag)
 
-    def _put_refused(self, refused: _Refused, key: str, if_match: str | None) -> Exception:
+    def _put_refused(self, refused: Refused, key: str, if_match: str | None) -> Exception:
         # A retried conditional write may find its own earlier, answered-but-lost attempt.
         maybe_ours = " (an earlier try of this request may have written it; read the key to tell)" * (
             refused.tries > 1
@@ -384,40 +243,65 @@ class S3Mailbox:
         head = self._head(key)
         if if_absent and head is not None:
             raise PreconditionFailed(f"{key} already exists (a concurrent create of it won)")
-        if if_match is not None and (head is None or _strip(head["ETag"]) != _strip(if_match)):
+        if if_match is not None and (head is None or strip_etag(head["ETag"]) != strip_etag(if_match)):
             raise PreconditionFailed(f"{key} changed since etag {if_match} (a concurrent write of it won)")
 
     def _head(self, key: str) -> dict | None:
         params = {"Bucket": self.bucket, "Key": self._full(key)}
         try:
             return self._request("HEAD", key, lambda client: client.head_object(**params))
-        except _Refused as refused:
+        except Refused as refused:
             if refused.status == 404 and refused.code != "NoSuchBucket":
                 return None
             raise self._rejected(refused, "HEAD", key) from None
 
-    def get(self, key: str, *, if_none_match: str | None = None) -> Object | None:
+    def get(
+        self, key: str, *, if_none_match: str | None = None, max_bytes: int | None = None
+    ) -> Object | None:
         params = {"Bucket": self.bucket, "Key": self._full(key)}
+        limit = resolve_limit(max_bytes)
         if if_none_match is not None:
-            params["IfNoneMatch"] = _quote(if_none_match)
+            params["IfNoneMatch"] = quote_etag(if_none_match)
 
         def call(client: Any) -> dict:
             answer = client.get_object(**params)
             # Read inside the try: a stream cut halfway is a network error and is retried whole.
-            answer["Body"] = answer["Body"].read()
-            with self._stats_lock:
-                self.bytes_received += len(answer["Body"])
+            answer["Body"] = self._read_body(key, answer, limit)
             return answer
 
         try:
             answer = self._request("GET", key, call)
-        except _Refused as refused:
+        except Refused as refused:
             if refused.status == 304:
-                return Object(None, _strip(if_none_match or ""))
+                return Object(None, strip_etag(if_none_match or ""))
             if refused.status == 404 and refused.code != "NoSuchBucket":
                 return None
             raise self._rejected(refused, "GET", key) from None
-        return Object(answer["Body"], _strip(answer["ETag"]))
+        return Object(answer["Body"], strip_etag(answer.get("ETag") or ""))
+
+    def _read_body(self, key: str, answer: dict, limit: int) -> bytes:
+        """The object's bytes: refused unread when its stated length is over `limit`, and cut off one
+        byte past the limit whatever that length said (a chunked answer states none)."""
+        body, stated = answer["Body"], answer.get("ContentLength")
+        stated = stated if isinstance(stated, int) and stated >= 0 else None
+        received = 0
+
+        def read(size: int) -> bytes:
+            nonlocal received
+            chunk = body.read(size)
+            received += len(chunk)
+            return chunk
+
+        try:
+            if stated is not None and stated > limit:
+                raise ObjectTooLarge(key, stated, limit, self._where())
+            return read_capped(read, expected=stated or 0, limit=limit, key=key, where=self._where())
+        except ObjectTooLarge:
+            body.close()  # hang up rather than drain the rest
+            raise
+        finally:
+            with self._stats_lock:
+                self.bytes_received += received
 
     def list(self, prefix: str, *, start_after: str | None = None) -> list[Listing]:
         base = len(self.prefix) + 1 if self.prefix else 0
@@ -431,19 +315,33 @@ class S3Mailbox:
                 page = self._request(
                     "LIST", prefix, lambda client, p=dict(params): client.list_objects_v2(**p)
                 )
-            except _Refused as refused:
+            except Refused as refused:
                 raise self._rejected(refused, "LIST", prefix) from None
             for item in page.get("Contents", []):
-                key = item["Key"][base:]
+                key = self._listed_key(item["Key"], base, prefix)
                 # Filter here too: Hugging Face's gateway ignores StartAfter.
-                if key.startswith(prefix) and (after is None or key.encode() > after):
-                    found.append(Listing(key, _strip(item["ETag"]), int(item["Size"])))
+                if key is not None and (after is None or key.encode() > after):
+                    found.append(Listing(key, strip_etag(item["ETag"]), int(item["Size"])))
             if not page.get("IsTruncated"):
                 break
             if not page.get("NextContinuationToken"):
                 raise MailboxRejected(f"LIST {prefix} in {self._where()}: a truncated page without a token")
             params["ContinuationToken"] = page["NextContinuationToken"]
         return sorted(found, key=lambda listing: listing.key.encode())
+
+    def _listed_key(self, full: str, base: int, prefix: str) -> str | None:
+        """The key of a listed object relative to the mailbox's prefix, None for one to leave out."""
+        if self.prefix and not full.startswith(self.prefix + "/"):
+            self._ignored.report(self.on_ignored, full, f"outside the mailbox's prefix {self.prefix!r}")
+            return None
+        key = full[base:]
+        if not key.startswith(prefix):
+            return None
+        if not is_key(key):
+            reason = "a key slowlink never writes (keys are '/'-separated letters, digits, '.', '_' and '-')"
+            self._ignored.report(self.on_ignored, key, reason)
+            return None
+        return key
 
     def delete(self, keys: list[str]) -> None:
         full = [self._full(key) for key in keys]
@@ -454,8 +352,8 @@ class S3Mailbox:
                 "Delete": {"Objects": [{"Key": k} for k in batch], "Quiet": True},
             }
             try:
-                self._request("DELETE", batch[0], lambda client, r=request: _delete_objects(client, r))
-            except _Refused as refused:
+                self._request("DELETE", batch[0], lambda client, r=request: delete_objects(client, r))
+            except Refused as refused:
                 key = refused.error.response.get("Error", {}).get("Key", batch[0])
                 raise self._rejected(refused, "DELETE", key) from None
 
@@ -473,20 +371,3 @@ class S3Mailbox:
 
 def _rebuild(arguments: dict) -> S3Mailbox:
     return S3Mailbox(**arguments)
-
-
-def _delete_objects(client: Any, request: dict) -> dict:
-    """DeleteObjects, with per-key failures raised as the ClientError of the first one (absent keys are fine)."""
-    answer = client.delete_objects(**request)
-    errors = [e for e in answer.get("Errors", []) if e.get("Code") != "NoSuchKey"]
-    if errors:
-        # Deleting again is harmless, so a transient per-key failure retries the whole batch.
-        first = errors[0]
-        status = 503 if first.get("Code") in _TRANSIENT_CODES else 400
-        if first.get("Code") in _DENIED_CODES:
-            status = 403
-        raise ClientError(
-            {"Error": dict(first), "ResponseMetadata": {"HTTPStatusCode": status, "HTTPHeaders": {}}},
-            "DeleteObjects",
-        )
-    return answer

@@ -126,8 +126,10 @@ class Signed:
             return etag
         return self.inner.put(key, data, if_absent=if_absent, if_match=if_match)
 
-    def get(self, key: str, *, if_none_match: str | None = None) -> Object | None:
-        found = self.inner.get(key, if_none_match=if_none_match)
+    def get(
+        self, key: str, *, if_none_match: str | None = None, max_bytes: int | None = None
+    ) -> Object | None:
+        found = self.inner.get(key, if_none_match=if_none_match, max_bytes=max_bytes)
         if found is None or found.data is None or not key.endswith(".json"):
             return found
         body = self.run_key.verify(key, found.data, self._scope(key))

@@ -1,0 +1,94 @@
+"""How S3Mailbox connects and waits: its retry policy and timeouts (values given to its constructor),
+and the botocore client built from its options.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import botocore.loaders
+import botocore.session
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError
+
+from ..errors import ConfigError
+
+_LOADER: botocore.loaders.Loader | None = None  # shared by all mailboxes' clients, see make_client
+_LOADER_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Retries:
+    """How a request that failed transiently is tried again.
+
+    `attempts` counts every try, the first included. Before retry k (k = 1, 2, ...) the request sleeps
+    uniform(0, min(max_backoff, first_backoff * 2**(k-1))) seconds: full jitter, so nodes that failed
+    together do not come back together.
+    """
+
+    attempts: int = 8
+    first_backoff: float = 0.2
+    max_backoff: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or self.attempts < 1:
+            raise ConfigError(
+                f"Retries(attempts={self.attempts!r}) must be an integer >= 1 (1 means never retry)"
+            )
+        if not 0 <= self.first_backoff <= self.max_backoff:
+            raise ConfigError(
+                f"Retries(first_backoff={self.first_backoff}, max_backoff={self.max_backoff}) needs "
+                "0 <= first_backoff <= max_backoff, in seconds"
+            )
+
+    def backoff(self, retry: int, rng: random.Random) -> float:
+        return rng.uniform(0.0, min(self.max_backoff, self.first_backoff * 2 ** (retry - 1)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeouts:
+    """Seconds one try may wait: to open a connection, and for each read of the answer."""
+
+    connect: float = 10.0
+    read: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not (self.connect > 0 and self.read > 0):
+            raise ConfigError(f"Timeouts(connect={self.connect}, read={self.read}) must both be > 0 seconds")
+
+
+def make_client(
+    *, endpoint_url: str | None, region: str | None, timeout: Timeouts, max_concurrency: int,
+    addressing_style: str, request_checksums: str, where: str,
+) -> Any:  # fmt: skip
+    """A botocore S3 client that never retries on its own: S3Mailbox retries, with its policy and counts."""
+    options: dict[str, Any] = dict(
+        connect_timeout=timeout.connect,
+        read_timeout=timeout.read,
+        max_pool_connections=max_concurrency,
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        s3={"addressing_style": addressing_style},
+        request_checksum_calculation=request_checksums,
+        response_checksum_validation=request_checksums,
+    )
+    try:
+        config = Config(**options)
+    except TypeError:  # botocore before 1.36 has neither option, and sends no trailing checksums anyway
+        del options["request_checksum_calculation"], options["response_checksum_validation"]
+        config = Config(**options)
+    # A session per mailbox (botocore sessions are not thread-safe), sharing one loader of the service
+    # description, which is what makes a new client slow (~0.1 s); client creation is serialised anyway.
+    with _LOADER_LOCK:
+        global _LOADER
+        _LOADER = _LOADER or botocore.loaders.create_loader()
+        session = botocore.session.Session()
+        session.register_component("data_loader", _LOADER)
+        try:
+            return session.create_client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+        except (ValueError, BotoCoreError) as error:
+            raise ConfigError(
+                f"cannot make an S3 client for {where}: {error}; check endpoint_url and region"
+            ) from error
