@@ -10,7 +10,7 @@ PACKAGE = Path(sl.__file__).parent
 
 # DESIGN.md's layers, bottom first. errors.py and events.py are shared vocabulary, below everything.
 LAYERS = ["errors", "events", "metrics", "frameworks", "mailbox", "wire", "algorithms", "sim", "collective",
-          "protocol", "session", "checkpoint", "demo", "cli"]  # fmt: skip
+          "protocol", "session", "checkpoint", "ops", "demo", "cli"]  # fmt: skip
 
 
 def layer_of(module: str) -> str:

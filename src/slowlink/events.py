@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 logger = logging.getLogger("slowlink")
 
 # Kinds that mean work trained on a node did not (fully) reach the committed model, or waited.
-WARNING_KINDS = {"contribution_rejected", "steps_dropped", "steps_unconfirmed", "contribution_late", "upload_failed"}
+WARNING_KINDS = {
+    "contribution_rejected",
+    "steps_dropped",
+    "steps_unconfirmed",
+    "contribution_late",
+    "upload_failed",
+}
 
 
 @dataclass(frozen=True)
