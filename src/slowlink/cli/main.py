@@ -71,10 +71,9 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from ..demo.report import LiveView, print_report, write_results
     from ..demo.run import DemoConfig, run_demo
+    from ..ops.console import make_console
 
     config = DemoConfig(
         steps=args.steps,
@@ -87,7 +86,7 @@ def _demo(args: argparse.Namespace) -> int:
         mailbox=args.mailbox,
         out=args.out,
     )
-    console = Console()
+    console = make_console()  # on a pipe, wide enough that no table is cut
     result = run_demo(config, LiveView(console))
     png = write_results(result, Path(config.out))
     print_report(console, result, png)
