@@ -176,6 +176,44 @@ def _status(args: argparse.Namespace) -> int:
             live.update(render_status(reader.read()), refresh=True)
 
 
+def _add_report(commands: argparse._SubParsersAction) -> None:
+    report = commands.add_parser(
+        "report",
+        help="one self-contained HTML page about a run: rounds, contributors, bytes, stalls, loss",
+        description=(
+            "Read a run's mailbox (never writing to it) and the nodes' events files, and write one HTML page "
+            "with its plots inline: rounds and their contributors over time, bytes per node, stalls and "
+            "leader changes, rejections, and loss where the nodes logged it."
+        ),
+    )
+    _add_mailbox_arguments(report)
+    option = report.add_argument
+    option("--out", metavar="FILE", default="report.html", help="the page to write (%(default)s)")
+    option("--events", metavar="FILE", nargs="+", action="extend", default=[],
+           help="events files (JSON lines, Session(events_file=...)) to read rounds and loss from")  # fmt: skip
+    option("--title", metavar="TEXT", help="the page's title (default: the run's id)")
+    report.set_defaults(handler=_report)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ..errors import ConfigError
+    from ..events import read_events
+    from ..ops.report import build_report
+    from ..ops.status import StatusReader
+
+    mailbox = open_mailbox(args.mailbox, endpoint_url=args.endpoint_url, region=args.region)
+    events = []
+    for path in args.events:
+        if not Path(path).is_file():
+            raise ConfigError(f"--events {path}: no such file")
+        events += read_events(path)
+    status = StatusReader(mailbox, name=args.mailbox).read()
+    out = Path(args.out)
+    out.write_text(build_report(status, events, title=args.title))
+    print(f"wrote {out} ({out.stat().st_size:,} bytes)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slowlink", description="Train one model on machines joined by slow links."
@@ -183,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
     _add_demo(commands)
     _add_status(commands)
+    _add_report(commands)
     return parser
 
 
