@@ -115,6 +115,7 @@ class JsonLines:
                     "data": _jsonable({"step": step, **values})})  # fmt: skip
 
     def write(self, record: dict) -> None:
+        """Append one JSON object as a line; a line left unfinished by a killed writer is ended first."""
         line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
         with self._lock:
             descriptor = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)

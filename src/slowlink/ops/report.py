@@ -78,6 +78,7 @@ def timeline_from_events(events: list[dict]) -> list[list]:
 
 
 def loss_series(events: list[dict]) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """(node, name) -> [(step, value)] of every figure named *loss in the events' `scalars` lines."""
     series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
     for event in events:
         data = event.get("data") or {}

@@ -33,23 +33,30 @@ class ReadOnly:
         self.inner = inner
 
     def put(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> str:
+        """Refused: a reader never writes."""
         raise AssertionError(f"status and report never write, yet tried to put {key}")
 
     def delete(self, keys: list[str]) -> None:
+        """Refused: a reader never deletes."""
         raise AssertionError(f"status and report never delete, yet tried to delete {keys[:3]}")
 
     def get(self, key: str, *, if_none_match: str | None = None) -> Object | None:
+        """The wrapped mailbox's get."""
         return self.inner.get(key, if_none_match=if_none_match)
 
     def list(self, prefix: str, *, start_after: str | None = None) -> list[Listing]:
+        """The wrapped mailbox's list."""
         return self.inner.list(prefix, start_after=start_after)
 
     def clock(self) -> float:
+        """The wrapped mailbox's clock."""
         return self.inner.clock()
 
 
 @dataclass
 class NodeView:
+    """One node of the run as the store shows it: its lease (live nodes) and its totals in commits."""
+
     node: str
     state: str  # "live" (its lease changed while watched), "quiet" (not yet seen to change), "silent"
     # (unchanged for a lease or longer: crashed?), "departed" (no lease: it left, its work is in commits)
@@ -73,6 +80,8 @@ class NodeView:
 
 @dataclass
 class FragmentView:
+    """One fragment: its newest round with merger, contributors and rejections, and its newest commits."""
+
     fragment: int
     round: int
     tensors: int
@@ -89,6 +98,8 @@ class FragmentView:
 
 @dataclass
 class RunStatus:
+    """Everything `slowlink status` shows; `to_dict()` is what `--json` prints."""
+
     mailbox: str
     run_id: str
     config: dict
@@ -109,6 +120,7 @@ class RunStatus:
     timeline: list[list] = field(default_factory=list)  # summary.json's, contributor indices as names
 
     def to_dict(self) -> dict:
+        """The status as plain JSON-serializable values."""
         return asdict(self)
 
 

@@ -55,4 +55,5 @@ class TensorBoardMetrics:
             self.writer.add_text(f"{self.prefix}warnings", str(event), self._step)
 
     def close(self) -> None:
+        """Flush what the writer holds (the writer stays the caller's to close)."""
         self.writer.flush()

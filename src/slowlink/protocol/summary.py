@@ -27,6 +27,7 @@ MAX_REASON = 200  # characters of a rejection's reason kept per node
 
 
 def empty_summary(fragments: int) -> dict:
+    """The summary of a run of `fragments` fragments before its first commit."""
     return {
         "format": FORMAT,
         "updated": None,  # the store's clock at the newest update
