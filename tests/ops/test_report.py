@@ -108,3 +108,20 @@ def test_a_report_without_history_or_events_still_names_the_run_and_says_what_is
     assert "No history of rounds" in page and "node-0" in page
     assert main(["report", str(path), "--events", str(tmp_path / "missing.jsonl")]) == 1
     assert "no such file" in capsys.readouterr().err
+
+
+def test_without_summary_json_the_events_give_the_timeline_and_its_changes_of_merger():
+    from slowlink.ops.report import leader_changes_in, timeline_from_events
+
+    def committed(time_, round_, merger):
+        return {"time": time_, "kind": "round_committed", "node": merger,
+                "data": {"fragment": 0, "round": round_, "contributors": ["a", "b"], "rejected": {}}}  # fmt: skip
+
+    events = [committed(1.0, 1, "a"), committed(2.0, 2, "a"), committed(2.0, 2, "a"), committed(9.0, 3, "b")]
+    timeline = timeline_from_events(events)  # the same commit reported twice counts once
+    assert timeline == [
+        [1.0, 0, 1, ["a", "b"], 0, "a"],
+        [2.0, 0, 2, ["a", "b"], 0, "a"],
+        [9.0, 0, 3, ["a", "b"], 0, "b"],
+    ]
+    assert leader_changes_in(timeline) == [{"time": 9.0, "fragment": 0, "round": 3, "from": "a", "to": "b"}]

@@ -77,6 +77,17 @@ def timeline_from_events(events: list[dict]) -> list[list]:
     return sorted(seen.values())
 
 
+def leader_changes_in(timeline: list[list]) -> list[dict]:
+    """Each commit whose merger differs from the previous commit's, in time order."""
+    changes = []
+    for before, after in zip(timeline, timeline[1:], strict=False):
+        if before[5] != after[5]:
+            changes.append(
+                {"time": after[0], "fragment": after[1], "round": after[2], "from": before[5], "to": after[5]}
+            )
+    return changes
+
+
 def loss_series(events: list[dict]) -> dict[tuple[str, str], list[tuple[int, float]]]:
     """(node, name) -> [(step, value)] of every figure named *loss in the events' `scalars` lines."""
     series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
@@ -111,10 +122,7 @@ def build_report(status: RunStatus, events: list[dict], *, title: str | None = N
     timeline = status.timeline or timeline_from_events(events)
     source = "summary.json" if status.timeline else "the events files" if timeline else None
     stalls = status.stalls if status.timeline else find_stalls([entry[0] for entry in timeline])
-    changes = status.leader_changes
-    if not status.timeline and timeline:  # the events say when each leader took over
-        changes = [{"time": float(e["time"]), "fragment": None, "round": None, "from": None, "to": e.get("node")}
-                   for e in events if e.get("kind") == "leader_elected"][1:] or changes  # fmt: skip
+    changes = status.leader_changes if status.timeline or not timeline else leader_changes_in(timeline)
     parts = ["<h2>rounds</h2>"]
     if timeline:
         parts.append(_figure("rounds", plot_rounds(timeline, stalls, changes),
