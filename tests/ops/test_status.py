@@ -185,3 +185,18 @@ def test_a_summary_that_missed_commits_catches_up_from_their_records_on_the_next
         "node-1": [10],
     }
     assert summary["commits_unsummarized"] == 0
+
+
+def test_in_a_signed_run_the_summary_is_signed_by_the_merger_and_status_reads_it_without_the_key():
+    from slowlink.protocol.trust import RunKey, Signed
+
+    inner, key = sl.MemoryMailbox(), "k" * 32
+    _, stats = run_nodes(2, sl.DiLoCo(sync_every=2, overlap_steps=0, quorum_size=2), inner, 6, run_key=key)
+    merger = Signed(inner, RunKey(key))  # the mailbox as the merger sees it
+    for round_ in range(1, 4):
+        record_commit(merger, 1, read_commit(merger, 0, round_))
+    assert b'"signature":"' in inner.get("summary.json").data
+    assert read_summary(merger, 1)[0]["fragments"][0]["commits"] == 3  # its signature checks
+    status = read_status(inner)
+    assert status.signed and status.summary
+    assert {n.node: n.contributions for n in status.nodes} == {"node-0": 3, "node-1": 3}
