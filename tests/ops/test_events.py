@@ -61,8 +61,15 @@ def test_each_event_reaches_the_callback_the_logger_at_its_level_and_the_json_li
     seen: list[sl.Event] = []
     file = tmp_path / "events.jsonl"
     caplog.set_level(logging.DEBUG, logger="slowlink")
-    # 10 steps with H=4 and no flush: the 2 steps after the last sync are dropped on leaving, a warning.
-    run_nodes(1, sl.DiLoCo(sync_every=4), sl.MemoryMailbox(), 10, on_event=seen.append, events_file=file)
+    # 10 steps with H=4, a barrier at each sync, no flush: the 2 steps after the last sync are dropped.
+    run_nodes(
+        1,
+        sl.DiLoCo(sync_every=4, overlap_steps=0),
+        sl.MemoryMailbox(),
+        10,
+        on_event=seen.append,
+        events_file=file,
+    )
     lines = read_events(file)
 
     # Two threads emit (training and communication): each sink sees every event, in its own order.
