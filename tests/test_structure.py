@@ -11,7 +11,7 @@ PACKAGE = Path(sl.__file__).parent
 # DESIGN.md's layers, bottom first. errors.py and events.py are shared vocabulary, below everything.
 # plan (the utilization planner) is pure arithmetic: it needs only errors, and cli imports it.
 LAYERS = ["errors", "events", "metrics", "plan", "frameworks", "mailbox", "wire", "algorithms", "sim", "collective",
-          "protocol", "session", "checkpoint", "demo", "cli"]  # fmt: skip
+          "protocol", "session", "checkpoint", "ops", "demo", "cli"]  # fmt: skip
 
 
 def layer_of(module: str) -> str:

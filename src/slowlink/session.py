@@ -21,7 +21,7 @@ from .algorithms.diloco import DiLoCo
 from .algorithms.mixing import carry_change, carry_overlap_change
 from .algorithms.schedule import due_fragments
 from .errors import ConfigError, RunConfigMismatch, SessionStateError
-from .events import Event, log_event
+from .events import Event, JsonLines, log_event
 from .frameworks.base import adapter_for, compare_schemas, schema_digest
 from .mailbox.contract import Mailbox
 from .mailbox.metered import Metered
@@ -75,7 +75,8 @@ class Session:
 
     model: a torch.nn.Module. algorithm: e.g. sl.DiLoCo(sync_every=100). mailbox: where the run lives.
     node_id: this node's name in the run ([a-z0-9_-], default host-pid). compression: None or "zstd".
-    on_event: called with every Event (also logged on the "slowlink" logger).
+    on_event: called with every Event (also logged on the "slowlink" logger). events_file: a path that
+    every Event is appended to as a JSON line (docs/events.md).
     poll_seconds: how often the communication thread looks for news. lease_seconds: how long a silent
     node (or leader) is still trusted. close_timeout: how long leaving waits for rounds in flight.
     run_key: a secret shared by the run's nodes (default: SLOWLINK_RUN_KEY, else none); every record is
@@ -95,6 +96,7 @@ class Session:
         lease_seconds: float = 120.0,
         close_timeout: float = 60.0,
         run_key: str | bytes | None = None,
+        events_file: str | os.PathLike | None = None,
     ) -> None:
         if not isinstance(algorithm, DiLoCo):
             raise ConfigError(
@@ -117,9 +119,14 @@ class Session:
                 raise ConfigError(f"{name}={getattr(algorithm, name)!r} is not available in this build")
         self.model, self.algorithm, self.compression = model, algorithm, compression
         self.run_key = RunKey.resolve(run_key)
+        # Entries a store lists that slowlink could not have written are skipped; this node reports them.
+        mailbox.on_ignored = self._key_ignored
         self.mailbox = _trusted(Metered(mailbox), self.run_key)
         self.poll_seconds, self.lease_seconds, self.close_timeout = poll_seconds, lease_seconds, close_timeout
         self._on_event = on_event
+        self._events_file = JsonLines(events_file) if events_file is not None else None
+        self._last_commit_at: float | None = None  # for metrics(): when a commit was last applied
+        self._busy_in_step = 0.0  # seconds spent inside step(), waits for rounds included
         self._encoding = encoding
         self._counts: Counter[str] = Counter()
         self._count_lock = threading.Lock()
@@ -172,6 +179,7 @@ class Session:
         )  # fmt: skip
         self.courier.start()
         self._state = "open"
+        self._entered_at = time.perf_counter()
         versions = [version for version, _ in latest.values()]
         self._emit(Event("run_created" if created else "joined", self.node_id,
                          f"{'created' if created else 'joined'} run {self.run.run_id[:8]} at versions {versions}",
@@ -260,6 +268,7 @@ class Session:
                 self._publish(fragment, final=False)
         self._count_deferred(due)
         self._wait_for_overlap()
+        self._busy_in_step += time.perf_counter() - now
 
     def _due_now(self) -> list[int]:
         """The fragments due at this step. Where nodes wait for rounds (overlap_steps set), a sync whose
@@ -369,6 +378,10 @@ class Session:
     def _status(self) -> NodeStatus:
         return NodeStatus(self._step, self._samples, self._step_seconds)
 
+    def _key_ignored(self, key: str, reason: str) -> None:
+        self._emit(Event("key_ignored", self.node_id, f"the mailbox ignores {key!r}: {reason}",
+                         {"key": key, "reason": reason}))  # fmt: skip
+
     def _emit(self, event: Event) -> None:
         if event.kind == "contribution_sent":  # on the communication thread, once the upload landed
             flight = self._in_flight.get(event.data["fragment"])
@@ -378,7 +391,11 @@ class Session:
             self._counts[event.kind] += 1
             if event.kind in ("steps_replaced", "steps_dropped", "steps_unconfirmed"):
                 self._counts[event.kind + ":steps"] += event.data.get("steps", 0)
+            if event.kind == "commit_applied":
+                self._last_commit_at = time.monotonic()
         log_event(event)
+        if self._events_file is not None:
+            self._events_file(event)
         if self._on_event is not None:
             self._on_event(event)
 
@@ -405,6 +422,44 @@ class Session:
             requests=self.mailbox.total_requests,
             is_leader=self.courier.leadership.is_leader,
         )
+
+    def metrics(self) -> dict[str, float | None]:
+        """Figures for a dashboard, all numbers (the TensorBoard adapter in slowlink.ops logs them as they
+        are): bytes and requests, rounds, seconds since the last commit applied (None before the first),
+        staleness (commits known to this node but not yet applied; this node's steps not yet in any
+        commit), and utilization (the share of wall time since joining spent outside session.step(),
+        i.e. training rather than waiting for rounds or snapshotting)."""
+        if self._state == "new":
+            raise SessionStateError("session.metrics() is available once the Session is entered (`with`)")
+        stats = self.stats
+        wall = time.perf_counter() - self._entered_at
+        versions = [version for version, _ in (self._anchors[q] for q in range(len(self.plan)))]
+        unmerged = [
+            self._pending_steps[q] + (self._in_flight[q].steps if q in self._in_flight else 0)
+            for q in range(len(self.plan))
+        ]
+        return {
+            "step": stats.step,
+            "samples": stats.samples,
+            "bytes_sent": stats.bytes_sent,
+            "bytes_received": stats.bytes_received,
+            "requests": stats.requests,
+            "rounds_committed": stats.rounds_committed,
+            "rounds_merged": stats.rounds_merged,
+            "contributions_sent": stats.contributions_sent,
+            "contributions_late": stats.contributions_late,
+            "contributions_rejected": stats.contributions_rejected,
+            "seconds_since_commit": (
+                None if self._last_commit_at is None else time.monotonic() - self._last_commit_at
+            ),
+            "staleness_rounds": max(
+                (h - v for h, v in zip(self.courier.head, versions, strict=True)), default=0
+            ),
+            "staleness_steps": max(unmerged, default=0),
+            "utilization": 1.0 - self._busy_in_step / wall if wall > 0 else 1.0,
+            "step_seconds": self._step_seconds,
+            "is_leader": int(stats.is_leader),
+        }
 
     @property
     def batch_size(self) -> int:

@@ -132,7 +132,7 @@ class LockstepMailbox:
 
     def get(self, key: str, *, if_none_match: str | None = None):
         self.node.park()
-        return self.inner.get(key, if_none_match=if_none_match)
+        return self.inner.get(key, if_none_match=if_none_match, max_bytes=max_bytes)
 
     def list(self, prefix: str, *, start_after: str | None = None):
         self.node.park()

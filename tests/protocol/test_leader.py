@@ -77,7 +77,7 @@ class CutsAnswers(MemoryMailbox):
         self.inner, self.cut = inner, 0
 
     def get(self, key: str, *, if_none_match: str | None = None) -> Object | None:
-        found = self.inner.get(key, if_none_match=if_none_match)
+        found = self.inner.get(key, if_none_match=if_none_match, max_bytes=max_bytes)
         if key == keys.LEADER and self.cut and found is not None and found.data:
             self.cut -= 1
             return Object(found.data[:10], found.etag)

@@ -52,11 +52,11 @@ class Gate:
         self._check(key, True)
         return self.inner.put(key, data, if_absent=if_absent, if_match=if_match)
 
-    def get(self, key, *, if_none_match=None):
+    def get(self, key, *, if_none_match=None, max_bytes=None):
         self._check(key, False)
         if self.on_read is not None and threading.current_thread() is threading.main_thread():
             self.on_read(key)
-        return self.inner.get(key, if_none_match=if_none_match)
+        return self.inner.get(key, if_none_match=if_none_match, max_bytes=max_bytes)
 
     def list(self, prefix, *, start_after=None):
         self._check(prefix, False)

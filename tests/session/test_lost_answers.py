@@ -96,7 +96,7 @@ class FailGetOnce(sl.MemoryMailbox):
         if key == self.armed:
             self.armed = None
             raise MailboxUnavailable(f"GET {key}: connection reset (injected)")
-        return super().get(key, if_none_match=if_none_match)
+        return super().get(key, if_none_match=if_none_match, max_bytes=max_bytes)
 
 
 def test_a_failed_read_while_learning_a_contributions_fate_loses_neither_the_commit_nor_the_fate():

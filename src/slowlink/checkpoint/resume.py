@@ -79,7 +79,7 @@ def plan_fragment(session: Session, q: int, entry: dict, arrays: Arrays, saved_s
 def stored_contribution(mailbox, q: int, round_: int, node: str) -> dict | None:
     """This node's contribution record for the round, as the store holds it (from any life of the node)."""
     key = keys.contribution(q, round_, node)
-    found = mailbox.get(key)
+    found = mailbox.get(key, max_bytes=records.READ_LIMIT)
     if found is None or found.data is None:
         return None
     return records.decode(found.data, records.CONTRIBUTION_FIELDS, what=key)

@@ -1,8 +1,8 @@
 """The `slowlink` command: entry points for people, one subcommand each.
 
 `demo` trains a real multi-process run on this machine; `plan` says which method suits a model and a
-bandwidth; `bench` and `status` will join them.
-Each subcommand parses its options here and leaves the work to its own package.
+bandwidth; `status` says what a run in a mailbox is doing, `report` writes one HTML page about it;
+`bench` will join them. Each subcommand parses its options here and leaves the work to its own package.
 """
 
 from __future__ import annotations
@@ -71,10 +71,9 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from ..demo.report import LiveView, print_report, write_results
     from ..demo.run import DemoConfig, run_demo
+    from ..ops.console import make_console
 
     config = DemoConfig(
         steps=args.steps,
@@ -87,7 +86,7 @@ def _demo(args: argparse.Namespace) -> int:
         mailbox=args.mailbox,
         out=args.out,
     )
-    console = Console()
+    console = make_console()  # on a pipe, wide enough that no table is cut
     result = run_demo(config, LiveView(console))
     png = write_results(result, Path(config.out))
     print_report(console, result, png)
@@ -152,6 +151,127 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def open_mailbox(target: str, *, endpoint_url: str | None = None, region: str | None = None):
+    """The mailbox a command names: `s3://bucket/prefix`, or the path of a directory holding a run."""
+    from ..errors import ConfigError
+    from ..mailbox import DirMailbox
+
+    if target.startswith("s3://"):
+        from ..mailbox import S3Mailbox
+
+        bucket, _, prefix = target.removeprefix("s3://").partition("/")
+        return S3Mailbox(bucket, prefix, endpoint_url=endpoint_url, region=region)
+    if endpoint_url is not None:
+        raise ConfigError(f"--endpoint-url is for s3:// mailboxes, not the directory {target}")
+    if not (Path(target) / "run.json").is_file():
+        raise ConfigError(
+            f"{target} holds no run (no run.json): name the folder given to DirMailbox, or s3://bucket/prefix"
+        )
+    return DirMailbox(target)
+
+
+def _add_mailbox_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("mailbox", metavar="MAILBOX", help="a run's directory, or s3://bucket/prefix")
+    parser.add_argument(
+        "--endpoint-url", metavar="URL", help="the S3 endpoint (MinIO, R2, ...) of an s3:// mailbox"
+    )
+    parser.add_argument("--region", metavar="NAME", help="the S3 region of an s3:// mailbox")
+
+
+def _add_status(commands: argparse._SubParsersAction) -> None:
+    status = commands.add_parser(
+        "status",
+        help="what a run in a mailbox is doing: nodes, rounds, bytes, stalls",
+        description=(
+            "Read a run's mailbox (never writing to it) and show its configuration, its live and departed "
+            "nodes, each fragment's newest round, the bytes moved, stalls and leader changes. The cost is a "
+            "constant number of requests however long the run."
+        ),
+    )
+    _add_mailbox_arguments(status)
+    option = status.add_argument
+    option("--json", action="store_true", help="print one JSON object, for programs")
+    option("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
+           help="refresh in place every SECONDS (2 if omitted) until Ctrl-C")  # fmt: skip
+    option(
+        "--recent", type=int, default=3, metavar="N", help="commit records read per fragment (%(default)s)"
+    )
+    option("--observe", type=float, default=2.5, metavar="SECONDS",
+           help="how long a one-off look watches the leases change, to tell live nodes (%(default)s)")  # fmt: skip
+    option("--lease-seconds", type=float, default=120.0, metavar="SECONDS",
+           help="the run's lease: a lease unchanged this long is silent (%(default)s)")  # fmt: skip
+    status.set_defaults(handler=_status)
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from rich.live import Live
+
+    from ..ops.console import make_console
+    from ..ops.render import render_status
+    from ..ops.status import StatusReader
+
+    mailbox = open_mailbox(args.mailbox, endpoint_url=args.endpoint_url, region=args.region)
+    reader = StatusReader(
+        mailbox, name=args.mailbox, recent=max(1, args.recent), lease_seconds=args.lease_seconds
+    )
+    if args.watch is None:
+        status = reader.read(observe_seconds=max(0.0, args.observe))
+        if args.json:
+            print(json.dumps(status.to_dict(), indent=2))
+        else:
+            make_console().print(render_status(status))
+        return 0
+    if args.json:  # one JSON object per line: a stream for programs
+        while True:
+            print(json.dumps(reader.read().to_dict()), flush=True)
+            time.sleep(max(0.2, args.watch))
+    with Live(render_status(reader.read()), console=make_console(), auto_refresh=False) as live:
+        while True:
+            time.sleep(max(0.2, args.watch))
+            live.update(render_status(reader.read()), refresh=True)
+
+
+def _add_report(commands: argparse._SubParsersAction) -> None:
+    report = commands.add_parser(
+        "report",
+        help="one self-contained HTML page about a run: rounds, contributors, bytes, stalls, loss",
+        description=(
+            "Read a run's mailbox (never writing to it) and the nodes' events files, and write one HTML page "
+            "with its plots inline: rounds and their contributors over time, bytes per node, stalls and "
+            "leader changes, rejections, and loss where the nodes logged it."
+        ),
+    )
+    _add_mailbox_arguments(report)
+    option = report.add_argument
+    option("--out", metavar="FILE", default="report.html", help="the page to write (%(default)s)")
+    option("--events", metavar="FILE", nargs="+", action="extend", default=[],
+           help="events files (JSON lines, Session(events_file=...)) to read rounds and loss from")  # fmt: skip
+    option("--title", metavar="TEXT", help="the page's title (default: the run's id)")
+    report.set_defaults(handler=_report)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from ..errors import ConfigError
+    from ..events import read_events
+    from ..ops.report import build_report
+    from ..ops.status import StatusReader
+
+    mailbox = open_mailbox(args.mailbox, endpoint_url=args.endpoint_url, region=args.region)
+    events = []
+    for path in args.events:
+        if not Path(path).is_file():
+            raise ConfigError(f"--events {path}: no such file")
+        events += read_events(path)
+    status = StatusReader(mailbox, name=args.mailbox).read()
+    out = Path(args.out)
+    out.write_text(build_report(status, events, title=args.title))
+    print(f"wrote {out} ({out.stat().st_size:,} bytes)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slowlink", description="Train one model on machines joined by slow links."
@@ -159,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
     _add_demo(commands)
     _add_plan(commands)
+    _add_status(commands)
+    _add_report(commands)
     return parser
 
 

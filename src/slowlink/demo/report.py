@@ -62,6 +62,10 @@ class LiveView:
             self.live.refresh()
             self.live.stop()
             self.live = None
+            if not self.console.is_terminal or self.console.is_dumb_terminal:
+                # On a terminal rich ends the live view's last line itself; in a file or a pipe it leaves
+                # the line open, and the next table would start on it ("node-1: doneone process alone").
+                self.console.line()
 
     def _render(self) -> Group:
         table = Table(title=self.title, title_justify="left")
@@ -175,8 +179,24 @@ def print_report(console: Console, result: DemoResult, png: Path) -> None:
             f"model: {result.config.model}, {result.parameters:,} parameters; corpus: Python {corpus['python']} "
             f"stdlib, {corpus['bytes']:,} bytes, sha256 {corpus['sha256'][:16]}…",
             f"loss curves: {png}",
+            *_mailbox_lines(result),
         )
     )
+
+
+def _mailbox_lines(result: DemoResult) -> list[Text]:
+    """Where the run stays for `slowlink status` and `slowlink report`, when --mailbox named a folder."""
+    config = result.config
+    if config.mailbox is None:
+        return [Text("the run's mailbox was temporary; pass --mailbox PATH to keep it for slowlink status")]
+    events = Path(config.out) / "events-*.jsonl"
+    return [
+        Text(f"the run's mailbox: {config.mailbox}"),
+        Text(f"  slowlink status {config.mailbox}"),
+        Text(
+            f"  slowlink report {config.mailbox} --events {events} --out {Path(config.out) / 'report.html'}"
+        ),
+    ]
 
 
 def write_results(result: DemoResult, out: Path) -> Path:

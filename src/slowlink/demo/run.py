@@ -148,9 +148,15 @@ def _learn(config: DemoConfig, node: int, name: str, steps: int, mailbox: str | 
     def on_event(event) -> None:
         queue.put({"kind": "event", "node": name, "event": event.kind, "message": event.message})
 
+    # Each distributed learner keeps its events and losses in a JSON-lines file: `slowlink report` plots them.
+    events = events_path(config, name) if mailbox is not None else None
+    scalars = sl.events.JsonLines(events) if events is not None else None
+
     def held_out(step: int) -> None:
         loss = evaluate(model, heldout)
         queue.put({"kind": "eval", "node": name, "step": step, "time": time.monotonic(), "loss": loss})
+        if scalars is not None:
+            scalars.scalars(node=name, step=step, heldout_loss=loss)
 
     session = None
     if mailbox is not None:
@@ -163,13 +169,16 @@ def _learn(config: DemoConfig, node: int, name: str, steps: int, mailbox: str | 
             flush_on_close=True,
         )
         session = sl.Session(
-            model, algorithm=algorithm, mailbox=sl.DirMailbox(mailbox), node_id=name, on_event=on_event
-        )
+            model, algorithm=algorithm, mailbox=sl.DirMailbox(mailbox), node_id=name, on_event=on_event,
+            events_file=events,
+        )  # fmt: skip
     with session or contextlib.nullcontext():
         held_out(0)
         for step in range(1, steps + 1):
             loss = train_step(model, optimizer, stream.next_batch(config.batch_size), lr=lr_at(step - 1))
             stats = {}
+            if scalars is not None and step % 10 == 0:
+                scalars.scalars(node=name, step=step, loss=loss)
             if session is not None:
                 session.step(samples=config.batch_size)
                 stats = dataclasses.asdict(session.stats)
@@ -274,6 +283,11 @@ def _merge_curves(evals: dict[str, list[dict]], began: float, batch_size: int) -
     return curve
 
 
+def events_path(config: DemoConfig, name: str) -> Path:
+    """Where a distributed learner appends its events and losses (JSON lines)."""
+    return Path(config.out) / f"events-{name}.jsonl"
+
+
 def committed_loss(config: DemoConfig, mailbox: str) -> float:
     """Held-out loss of the run's newest committed model, loaded as a user would with sl.align."""
     import slowlink as sl
@@ -299,8 +313,11 @@ def run_demo(config: DemoConfig, view) -> DemoResult:
             raise ConfigError(
                 f"--mailbox {mailbox} is not empty: a demo starts a new run; pass a new or empty folder"
             )
+        names = [f"node-{i}" for i in range(config.workers)]
+        Path(config.out).mkdir(parents=True, exist_ok=True)
+        for name in names:  # a new run's events, not appended to an earlier demo's
+            events_path(config, name).unlink(missing_ok=True)
         try:
-            names = [f"node-{i}" for i in range(config.workers)]
             view.begin(f"{config.workers} nodes, DiLoCo through a directory mailbox", names, config.steps)
             distributed = run_phase(config, "distributed", names, config.steps, mailbox, view)
             distributed.final_loss = committed_loss(config, mailbox)

@@ -350,7 +350,7 @@ class Courier:
 
     def _read_lease(self, key: str, node: str) -> tuple[str, int] | None:
         try:
-            found = self.mailbox.get(key)
+            found = self.mailbox.get(key, max_bytes=records.READ_LIMIT)
             if found is None or found.data is None:
                 return None
             record = records.decode(found.data, records.LEASE_FIELDS, what=key)

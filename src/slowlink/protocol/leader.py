@@ -112,7 +112,7 @@ class Leadership:
         if self.is_leader:
             return self._renew(now)
         try:
-            found = self.mailbox.get(keys.LEADER, if_none_match=self._etag)
+            found = self.mailbox.get(keys.LEADER, if_none_match=self._etag, max_bytes=records.READ_LIMIT)
             record = None
             if found is not None and found.data is not None:
                 record = records.decode(found.data, records.LEADER_FIELDS, what=keys.LEADER)
@@ -158,7 +158,7 @@ class Leadership:
         lost (leader.json names this node in this term: adopt its etag); a newer term (a real takeover:
         give way); or a stale, junk or vanished record, which no honest node writes: write over it."""
         try:
-            found = self.mailbox.get(keys.LEADER)
+            found = self.mailbox.get(keys.LEADER, max_bytes=records.READ_LIMIT)
             record = None
             if found is not None and found.data is not None:
                 record = records.decode(found.data, records.LEADER_FIELDS, what=keys.LEADER)
@@ -202,7 +202,7 @@ class Leadership:
 
     def _readable_on_second_look(self) -> bool:
         try:
-            again = self.mailbox.get(keys.LEADER)
+            again = self.mailbox.get(keys.LEADER, max_bytes=records.READ_LIMIT)
             if again is not None and again.data is not None:
                 records.decode(again.data, records.LEADER_FIELDS, what=keys.LEADER)
             return True

@@ -18,12 +18,13 @@ import numpy as np
 from ..algorithms.diloco import DiLoCo
 from ..algorithms.outer import OuterState
 from ..algorithms.robust import bounded_claims, l2_norm, norm_outliers
-from ..errors import PayloadError, PreconditionFailed
+from ..errors import MailboxError, PayloadError, PreconditionFailed
 from ..events import Event
 from ..mailbox.contract import Mailbox
 from ..wire import payload
 from . import keys, records
 from .run import KEEP_COMMITS, Run, advance_head, get_blob, listed_etag, put_blob, read_commit
+from .summary import record_commit
 
 Arrays = dict[str, np.ndarray]
 HISTORY = 16  # recent norms per fragment and samples per step per node kept for judging later rounds
@@ -109,7 +110,9 @@ class Merger:
             if node in current.accepted or node in current.rejected:
                 continue
             try:
-                found = self.mailbox.get(key)  # with a run key, an unsigned or forged record fails here
+                found = self.mailbox.get(
+                    key, max_bytes=records.READ_LIMIT
+                )  # with a run key, an unsigned or forged record fails here
                 if found is None or found.data is None:
                     continue
                 record = records.decode(found.data, records.CONTRIBUTION_FIELDS, what=key)
@@ -183,7 +186,8 @@ class Merger:
             del delta
 
     def _load_contribution(self, fragment: int, round_: int, node: str, sha: str) -> Arrays:
-        found = self.mailbox.get(keys.contribution_payload(fragment, round_, node, sha))
+        limit = self.run.max_payload_bytes(fragment)
+        found = self.mailbox.get(keys.contribution_payload(fragment, round_, node, sha), max_bytes=limit)
         if found is None or found.data is None:
             raise PayloadError("its payload is missing from the mailbox")
         delta, _ = payload.unpack(
@@ -240,7 +244,7 @@ class Merger:
             self._remember(fragment, record["contributors"])
         if record is None or record["outer_state"] is None:
             return self.outer.init(anchor)
-        data = get_blob(self.mailbox, record["outer_state"])
+        data = get_blob(self.mailbox, record["outer_state"], self.run.max_payload_bytes(fragment))
         momentum, _ = payload.unpack(
             data,
             expected_digest=record["outer_state"],
@@ -318,6 +322,7 @@ class Merger:
         if not self._write_commit(fragment, current.round, record):
             return None  # that commit is the round's; this node fetches it like any other
         advance_head(self.mailbox, list(self.head), fragment, current.round)
+        self._summarize(record)
         self.outer_states[fragment] = (current.round, state)
         self._remember(fragment, record["contributors"])
         self.emit(Event("round_committed", self.node_id,
@@ -327,6 +332,15 @@ class Merger:
                          "rejected": dict(current.rejected)}))  # fmt: skip
         self._collect_garbage(fragment, current.round)
         return Committed(fragment, current.round, params, record)
+
+    def _summarize(self, record: dict) -> None:
+        """Fold the commit into summary.json, the run's history for `slowlink status` and `report`."""
+        try:
+            record_commit(self.mailbox, len(self.run.plan), record)
+        except (MailboxError, PayloadError) as error:
+            self.emit(Event("mailbox_error", self.node_id, f"summary.json not updated after fragment "
+                            f"{record['fragment']} round {record['round']}: {error}",
+                            {"error": type(error).__name__}))  # fmt: skip
 
     def _write_commit(self, fragment: int, round_: int, record: dict) -> bool:
         """Write the commit create-once; True if this record is the round's commit.

@@ -20,6 +20,7 @@ from ..wire.payload import check_shape
 from . import keys
 
 MAX_RECORD_BYTES = 4 << 20  # run.json holds the schema and the plan; 4 MiB is ample for 100k tensors
+READ_LIMIT = MAX_RECORD_BYTES + 1024  # what a GET of a record may return: the record plus its signature
 # Rounds, steps, samples, terms and beats stay at most 2**53 - 1: exact as float64 (weights are
 # float(samples), and a JSON reader in any language keeps them exact), and a sum of a few never nears
 # int64. A million samples a second for 285 years stays under it.

@@ -62,15 +62,15 @@ def put_blob(mailbox: Mailbox, data: bytes) -> str:
     return sha
 
 
-def get_blob(mailbox: Mailbox, sha: str) -> bytes:
-    found = mailbox.get(keys.blob(sha))
+def get_blob(mailbox: Mailbox, sha: str, max_bytes: int) -> bytes:
+    found = mailbox.get(keys.blob(sha), max_bytes=max_bytes)
     if found is None or found.data is None:
         raise PayloadError(f"blob {sha[:16]}… is missing from the mailbox")
     return found.data
 
 
 def read_run(mailbox: Mailbox) -> Run | None:
-    found = mailbox.get(keys.RUN)
+    found = mailbox.get(keys.RUN, max_bytes=records.READ_LIMIT)
     if found is None or found.data is None:
         return None
     record = records.decode(found.data, records.RUN_FIELDS | {"run_id": str}, what=keys.RUN)
@@ -147,7 +147,7 @@ def _refuse_over_history(mailbox: Mailbox) -> None:
     lifecycle rule expiring old objects), a new run would mix its commits with the old ones."""
     for key in (keys.HEAD, keys.commit(0, 1)):
         try:
-            present = mailbox.get(key) is not None
+            present = mailbox.get(key, max_bytes=records.READ_LIMIT) is not None
         except PayloadError:
             present = True  # there, though unreadable to this node
         if present:
@@ -177,7 +177,7 @@ def read_head(
     mailbox: Mailbox, fragments: int, *, etag: str | None = None
 ) -> tuple[list[int] | None, str | None]:
     """(versions, etag); versions is None when head.json still has `etag`. A missing head means all zeros."""
-    found = mailbox.get(keys.HEAD, if_none_match=etag)
+    found = mailbox.get(keys.HEAD, if_none_match=etag, max_bytes=records.READ_LIMIT)
     if found is None:
         return [0] * fragments, None
     if found.data is None:
@@ -232,7 +232,7 @@ def listed_etag(mailbox: Mailbox, key: str) -> str | None:
 
 
 def read_commit(mailbox: Mailbox, fragment: int, round_: int) -> dict | None:
-    found = mailbox.get(keys.commit(fragment, round_))
+    found = mailbox.get(keys.commit(fragment, round_), max_bytes=records.READ_LIMIT)
     if found is None or found.data is None:
         return None
     record = records.decode(found.data, records.COMMIT_FIELDS, what=keys.commit(fragment, round_))
@@ -253,7 +253,7 @@ def load_change(mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: str
 
 
 def _load_fragment(mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: str, kind: str) -> Arrays:
-    data = get_blob(mailbox, sha)
+    data = get_blob(mailbox, sha, run.max_payload_bytes(fragment))
     arrays, _ = payload.unpack(
         data,
         expected_digest=sha,

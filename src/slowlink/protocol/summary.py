@@ -1,0 +1,208 @@
+"""summary.json: a small record of the whole run, updated by the merger after each commit, so that
+`slowlink status` and `slowlink report` know every node that ever contributed (leases vanish when nodes
+leave) and the run's history without reading it all back.
+
+`update_summary` is a pure function of the summary and one commit record; `record_commit` is the
+merger's hook (read, update, compare-and-swap: a constant number of requests per commit). The summary
+stays bounded: per node and per fragment totals, the last MAX_TIMELINE commits (older ones thinned),
+the last MAX_LEADER_CHANGES changes of merger. It is a report, never a commit point: nothing in the
+protocol reads it, and a missing or unreadable one only costs the history before it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from ..errors import PayloadError, PreconditionFailed
+from ..mailbox.contract import Mailbox
+from . import keys, records
+
+SUMMARY = "summary.json"
+FORMAT = "slowlink-summary-1"
+MAX_TIMELINE = 256  # commits kept with their time and contributors; older ones are thinned to half
+MAX_LEADER_CHANGES = 64
+MAX_GAP_FILL = 16  # commits a summary update reads to catch up after a merger died between commit and summary
+MAX_REASON = 200  # characters of a rejection's reason kept per node
+
+
+def empty_summary(fragments: int) -> dict:
+    """The summary of a run of `fragments` fragments before its first commit."""
+    return {
+        "format": FORMAT,
+        "updated": None,  # the store's clock at the newest update
+        "fragments": [
+            {
+                "round": 0,
+                "commits": 0,
+                "contributions": 0,
+                "rejected": 0,
+                "samples": 0,
+                "steps": 0,
+                "payload_bytes": 0,
+                "commit_bytes": 0,
+            }
+            for _ in range(fragments)
+        ],  # fmt: skip
+        "nodes": {},
+        "names": [],  # node names, indexed by the timeline's contributor lists
+        "timeline": [],  # [time, fragment, round, [contributor indices], rejected count, merger index]
+        "leader_changes": [],  # {"time", "fragment", "round", "from", "to"}
+        "commits_unsummarized": 0,  # commits the summary missed for good (a gap beyond MAX_GAP_FILL)
+    }
+
+
+def _node(summary: dict, name: str, fragments: int) -> dict:
+    if name not in summary["names"]:
+        summary["names"].append(name)
+    return summary["nodes"].setdefault(
+        name,
+        {"contributions": 0, "samples": [0] * fragments, "steps": [0] * fragments, "payload_bytes": 0,
+         "payload_bytes_estimated": 0, "rejected": 0, "last_rejection": None, "merged": 0,
+         "first_seen": None, "last_seen": None, "last_round": None},
+    )  # fmt: skip
+
+
+def update_summary(
+    summary: dict, record: dict, *, time: float, payload_bytes: dict[str, int] | None = None,
+    commit_bytes: int = 0,
+) -> dict:  # fmt: skip
+    """The summary with one more commit. `record` is the commit record as written
+    (commits/<fragment>/<round>.json); `time` the store's clock when it landed; `payload_bytes` the size
+    of each contributor's payload (node -> bytes; a node left out is estimated from its earlier ones);
+    `commit_bytes` the size of the blobs the commit wrote. A commit already summarized changes nothing."""
+    fragment, round_ = record["fragment"], record["round"]
+    totals = summary["fragments"][fragment]
+    if round_ <= totals["round"]:
+        return summary
+    summary = json.loads(json.dumps(summary))  # a fresh copy: the caller's summary is left as it was
+    fragments = len(summary["fragments"])
+    totals = summary["fragments"][fragment]
+    payload_bytes = payload_bytes or {}
+    previous_merger = summary["timeline"][-1][5] if summary["timeline"] else None
+    totals.update(
+        round=round_, commits=totals["commits"] + 1, commit_bytes=totals["commit_bytes"] + commit_bytes
+    )
+    contributors = []
+    for contributor in record["contributors"]:
+        name = str(contributor["node"])
+        node = _node(summary, name, fragments)
+        contributors.append(summary["names"].index(name))
+        node["contributions"] += 1
+        node["samples"][fragment] += int(contributor["samples"])
+        node["steps"][fragment] += int(contributor["steps"])
+        if name in payload_bytes:
+            size = int(payload_bytes[name])
+        else:  # its payload was collected before anyone measured it: the node's mean so far
+            measured = node["contributions"] - 1 - node["payload_bytes_estimated"]
+            size = node["payload_bytes"] // (node["contributions"] - 1) if measured > 0 else 0
+            node["payload_bytes_estimated"] += 1
+        node["payload_bytes"] += size
+        node["first_seen"] = time if node["first_seen"] is None else node["first_seen"]
+        node["last_seen"], node["last_round"] = time, [fragment, round_]
+        totals["contributions"] += 1
+        totals["samples"] += int(contributor["samples"])
+        totals["steps"] += int(contributor["steps"])
+        totals["payload_bytes"] += size
+    for rejection in record["rejected"]:
+        node = _node(summary, str(rejection["node"]), fragments)
+        node["rejected"] += 1
+        node["last_rejection"] = str(rejection["reason"])[:MAX_REASON]
+        totals["rejected"] += 1
+    merger = _node(summary, str(record["merger"]), fragments)
+    merger["merged"] += 1
+    merger_index = summary["names"].index(str(record["merger"]))
+    if previous_merger is not None and previous_merger != merger_index:
+        summary["leader_changes"].append({"time": time, "fragment": fragment, "round": round_,
+                                          "from": summary["names"][previous_merger], "to": record["merger"]})  # fmt: skip
+        del summary["leader_changes"][:-MAX_LEADER_CHANGES]
+    summary["timeline"].append([time, fragment, round_, contributors, len(record["rejected"]), merger_index])
+    if len(summary["timeline"]) > MAX_TIMELINE:  # thin the older half: every other entry goes
+        half = MAX_TIMELINE // 2
+        summary["timeline"] = summary["timeline"][:half:2] + summary["timeline"][half:]
+    summary["updated"] = time
+    return summary
+
+
+def decode_summary(data: bytes, fragments: int) -> dict:
+    """A summary read from the store, checked enough that update_summary and status can use it."""
+    try:
+        summary = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise PayloadError(f"{SUMMARY} is not valid JSON: {error}") from None
+    if not isinstance(summary, dict) or summary.get("format") != FORMAT:
+        raise PayloadError(f"{SUMMARY} is not a {FORMAT} record")
+    summary.pop("signature", None)  # a signed run's records carry one; the summary is read as a report
+    template = empty_summary(fragments)
+    for field, value in template.items():
+        if not isinstance(summary.get(field), type(value) if value is not None else (int, float, type(None))):
+            raise PayloadError(f"{SUMMARY} field {field!r} is missing or has the wrong type")
+    if len(summary["fragments"]) != fragments:
+        raise PayloadError(f"{SUMMARY} counts {len(summary['fragments'])} fragments, not {fragments}")
+    if summary["updated"] is not None and not math.isfinite(summary["updated"]):
+        raise PayloadError(f"{SUMMARY} field 'updated' is not a time")
+    return summary
+
+
+def read_summary(mailbox: Mailbox, fragments: int) -> tuple[dict | None, str | None]:
+    """(summary, etag); (None, None) when there is none yet."""
+    found = mailbox.get(SUMMARY, max_bytes=records.READ_LIMIT)
+    if found is None or found.data is None:
+        return None, None
+    return decode_summary(found.data, fragments), found.etag
+
+
+def _sizes(mailbox: Mailbox, record: dict) -> tuple[dict[str, int], int]:
+    """The contributors' payload sizes (one LIST of the round's folder) and the commit's blob sizes."""
+    fragment, round_ = record["fragment"], record["round"]
+    blobs = {str(c["node"]): f"{keys.round_folder(fragment, round_)}{c['node']}.{c['blob']}" for c in record["contributors"]}  # fmt: skip
+    listed = {listing.key: listing.size for listing in mailbox.list(keys.round_folder(fragment, round_))}
+    payload_bytes = {node: listed[key] for node, key in blobs.items() if key in listed}
+    commit_bytes = 0
+    for field in ("params", "change"):
+        if record.get(field):
+            commit_bytes += sum(item.size for item in mailbox.list(keys.blob(record[field])))
+    return payload_bytes, commit_bytes
+
+
+def record_commit(mailbox: Mailbox, fragments: int, record: dict) -> None:
+    """The merger's hook: after writing commits/<fragment>/<round>.json (`record`, as written), fold it
+    into summary.json by compare-and-swap. First folds in, from their records, the commits of this
+    fragment the summary missed (a merger that died between its commit and this call), up to
+    MAX_GAP_FILL. Costs 1 GET, 2-3 LISTs and 1 PUT per commit. Raises MailboxError when the store fails:
+    the next commit's call catches up."""
+    from .run import read_commit  # run.py stays free to import this module
+
+    while True:
+        try:
+            summary, etag = read_summary(mailbox, fragments)
+        except PayloadError:  # unreadable (garbled, forged): start again from here, in its place
+            summary = None
+            etag = next((item.etag for item in mailbox.list(SUMMARY) if item.key == SUMMARY), None)
+        base = summary if summary is not None else empty_summary(fragments)
+        fragment, round_ = record["fragment"], record["round"]
+        updated = base
+        first_missing = base["fragments"][fragment]["round"] + 1
+        fill_from = max(first_missing, round_ - MAX_GAP_FILL) if summary is not None else round_
+        if fill_from > first_missing and round_ > base["fragments"][fragment]["round"]:
+            # history this summary will never hold: a gap too long to read back, or a run that began before it
+            updated = json.loads(json.dumps(base))
+            updated["commits_unsummarized"] += fill_from - first_missing
+        for missed in range(fill_from, round_):
+            earlier = read_commit(mailbox, fragment, missed)
+            if earlier is not None:
+                updated = update_summary(updated, earlier, time=mailbox.clock())
+        payload_bytes, commit_bytes = _sizes(mailbox, record)
+        updated = update_summary(updated, record, time=mailbox.clock(), payload_bytes=payload_bytes,
+                                 commit_bytes=commit_bytes)  # fmt: skip
+        if updated is base:
+            return  # already summarized (a retried call, or two leaders racing)
+        data = json.dumps(updated, sort_keys=True, separators=(",", ":")).encode()
+        try:
+            if etag is None:
+                mailbox.put(SUMMARY, data, if_absent=True)
+            else:
+                mailbox.put(SUMMARY, data, if_match=etag)
+            return
+        except PreconditionFailed:
+            continue  # another merger updated it meanwhile: read it again
