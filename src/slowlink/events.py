@@ -31,7 +31,6 @@ LEVELS: dict[str, int] = {
     "mailbox_error": logging.WARNING,
     "commit_change_refused": logging.WARNING,
     "checkpoint_behind": logging.WARNING,
-    "upload_failed": logging.WARNING,
     "lease_ignored": logging.WARNING,
     "key_ignored": logging.WARNING,
     "record_replaced": logging.WARNING,

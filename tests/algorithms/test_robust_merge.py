@@ -286,7 +286,12 @@ def test_one_or_two_contributions_are_judged_against_the_largest_recently_merged
     history = [0.5, 2.0, 1.0]
     assert norm_outliers({"a": 20.0}, factor=10, history=history) == {}
     flagged = norm_outliers({"a": 20.01}, factor=10, history=history)
-    assert "times 2, the largest norm of the fragment's 3 recently merged" in flagged["a"]
+    assert (
+        "times 2, 1 step(s) at the largest norm per step of the fragment's 3 recently merged" in flagged["a"]
+    )
+    # a Δ spanning 4 steps is judged against 4 × 2: the steps a node carries from missed rounds count
+    assert norm_outliers({"a": 79.0}, factor=10, history=history, steps={"a": 4}) == {}
+    assert list(norm_outliers({"a": 81.0}, factor=10, history=history, steps={"a": 4})) == ["a"]
     # of two, the other's norm is no reference (a flush of a few steps is small); the history is
     assert norm_outliers({"a": 0.01, "b": 15.0}, factor=10, history=history) == {}
     assert list(norm_outliers({"a": 0.01, "b": 1e30}, factor=10, history=history)) == ["b"]

@@ -12,7 +12,6 @@ import pytest
 import slowlink as sl
 from slowlink.cli.main import main
 from slowlink.events import JsonLines
-from tests.ops.mailboxes import Summarizing
 from tests.ops.runs import paused_run
 from tests.session.nodes import batches, sgd_step, tiny_mlp
 
@@ -57,7 +56,7 @@ def test_the_report_of_a_finished_run_shows_its_rounds_stall_leader_change_and_l
     from matplotlib.image import imread
 
     path, events = tmp_path / "run", tmp_path / "events.jsonl"
-    mailbox = Summarizing(sl.DirMailbox(path), fragments=1)
+    mailbox = sl.DirMailbox(path)
     # node-0 trains and leaves; 2.5 s later node-1 carries on alone: one stall, one change of merger.
     train_alone(mailbox, "node-0", 10, events)
     time.sleep(2.5)
@@ -92,6 +91,7 @@ def test_the_report_of_a_run_in_progress_takes_its_rounds_from_the_events_files(
         sessions,
         _,
     ):
+        sl.DirMailbox(path).delete(["summary.json"])  # a run from before summaries: the events tell it
         assert main(["report", str(path), "--events", str(events), "--out", str(tmp_path / "r.html")]) == 0
     page = (tmp_path / "r.html").read_text()
     assert "from the events files" in page and "No loss logged" in page
@@ -103,6 +103,7 @@ def test_the_report_of_a_run_in_progress_takes_its_rounds_from_the_events_files(
 def test_a_report_without_history_or_events_still_names_the_run_and_says_what_is_missing(tmp_path, capsys):
     path = tmp_path / "run"
     train_alone(sl.DirMailbox(path), "node-0", 4, tmp_path / "unused.jsonl")
+    sl.DirMailbox(path).delete(["summary.json"])
     assert main(["report", str(path), "--out", str(tmp_path / "r.html")]) == 0
     page = (tmp_path / "r.html").read_text()
     assert "No history of rounds" in page and "node-0" in page

@@ -130,7 +130,7 @@ class LockstepMailbox:
         self.node.park()
         return self.inner.put(key, data, if_absent=if_absent, if_match=if_match)
 
-    def get(self, key: str, *, if_none_match: str | None = None):
+    def get(self, key: str, *, if_none_match: str | None = None, max_bytes: int | None = None):
         self.node.park()
         return self.inner.get(key, if_none_match=if_none_match, max_bytes=max_bytes)
 

@@ -76,7 +76,9 @@ class CutsAnswers(MemoryMailbox):
     def __init__(self, inner: MemoryMailbox) -> None:
         self.inner, self.cut = inner, 0
 
-    def get(self, key: str, *, if_none_match: str | None = None) -> Object | None:
+    def get(
+        self, key: str, *, if_none_match: str | None = None, max_bytes: int | None = None
+    ) -> Object | None:
         found = self.inner.get(key, if_none_match=if_none_match, max_bytes=max_bytes)
         if key == keys.LEADER and self.cut and found is not None and found.data:
             self.cut -= 1

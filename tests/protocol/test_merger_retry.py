@@ -58,5 +58,5 @@ def test_a_round_retried_after_a_failed_write_applies_the_outer_momentum_once():
 
     np.testing.assert_allclose(first.params["w"], [-1.33], rtol=1e-6)
     np.testing.assert_allclose(second.params["w"], [-3.227], rtol=1e-6)
-    momentum, _ = payload.unpack(get_blob(mailbox, read_commit(mailbox, 0, 2)["outer_state"]))
+    momentum, _ = payload.unpack(get_blob(mailbox, read_commit(mailbox, 0, 2)["outer_state"], 1 << 20))
     np.testing.assert_allclose(momentum["w"], [1.9], rtol=1e-6)

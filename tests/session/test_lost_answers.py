@@ -92,7 +92,7 @@ class FailGetOnce(sl.MemoryMailbox):
 
     armed: str | None = None
 
-    def get(self, key: str, *, if_none_match: str | None = None):
+    def get(self, key: str, *, if_none_match: str | None = None, max_bytes: int | None = None):
         if key == self.armed:
             self.armed = None
             raise MailboxUnavailable(f"GET {key}: connection reset (injected)")

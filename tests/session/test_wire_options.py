@@ -59,7 +59,9 @@ def test_nodes_rebuild_every_commit_from_its_change_bit_for_bit_and_download_few
 class TamperedChanges(sl.MemoryMailbox):
     """A store that hands back every commit change blob altered: a reader must catch it and recover."""
 
-    def get(self, key: str, *, if_none_match: str | None = None) -> Object | None:
+    def get(
+        self, key: str, *, if_none_match: str | None = None, max_bytes: int | None = None
+    ) -> Object | None:
         found = super().get(key, if_none_match=if_none_match, max_bytes=max_bytes)
         is_blob = found is not None and found.data is not None and key.startswith("blobs/")
         if is_blob and payload.read_header(found.data)["kind"] == "change":
