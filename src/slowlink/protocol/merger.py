@@ -69,6 +69,7 @@ class Merger:
         self.head: list[int] = [0] * len(run.plan)
         self.recent_norms: dict[int, deque[float]] = {}
         self.recent_per_step: dict[str, deque[float]] = {}
+        self.unreadable: dict[str, int] = {}  # commit key -> turns it failed its checks in (junk or squatted)
         self._step_cap = STEP_CAP_ROUNDS * algorithm.sync_every
 
     def step(
@@ -347,8 +348,9 @@ class Merger:
 
         Refused, the key holds either another leader's commit, or our own write whose answer was lost
         (a retried create-once then sees our object): the record says which. A record at the key that
-        fails its checks twice (junk, or unsigned in a signed run) is no honest node's commit: it is
-        replaced by compare-and-swap on its etag, so a squatted key never blocks its round."""
+        fails its checks on two reads in each of two turns (junk, or unsigned in a signed run) is no honest
+        node's commit: it is replaced by compare-and-swap on its etag, so a squatted key never blocks its
+        round for more than a turn."""
         key = keys.commit(fragment, round_)
         blobs = [record[field] for field in ("params", "outer_state", "change") if record[field]]
         try:
@@ -358,6 +360,10 @@ class Merger:
             pass
         existing = _read_twice(self.mailbox, fragment, round_)
         if existing == "unreadable":
+            # Only on a second turn as well: two answers cut short in a row must not replace a real commit.
+            self.unreadable[key] = self.unreadable.get(key, 0) + 1
+            if self.unreadable[key] < 2:
+                return False
             etag = listed_etag(self.mailbox, key)
             try:
                 if etag is not None:
