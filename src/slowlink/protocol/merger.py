@@ -296,30 +296,10 @@ class Merger:
             if self.algorithm.outer_momentum > 0
             else None
         )
-        record = {
-            "fragment": fragment,
-            "round": current.round,
-            "params": params_sha,
-            "outer_state": outer_sha,
-            "change": change_sha,
-            "contributors": [
-                {
-                    "node": node,
-                    "blob": r["blob"],
-                    "samples": r["samples"],
-                    "steps": r["steps"],
-                    "final": r["final"],
-                    "weight": weights[node],
-                    "norm": current.norms[node],
-                }
-                for node, r in sorted(accepted.items())
-            ],  # fmt: skip
-            "rejected": [
-                {"node": node, "reason": reason} for node, reason in sorted(current.rejected.items())
-            ],
-            "merger": self.node_id,
-            "flush_only": flush_only,
-        }
+        record = {"fragment": fragment, "round": current.round, "params": params_sha, "outer_state": outer_sha,
+                  "change": change_sha, "contributors": _contributors(accepted, weights, current.norms),
+                  "rejected": [{"node": node, "reason": why} for node, why in sorted(current.rejected.items())],
+                  "merger": self.node_id, "flush_only": flush_only}  # fmt: skip
         if not self._write_commit(fragment, current.round, record):
             return None  # that commit is the round's; this node fetches it like any other
         advance_head(self.mailbox, list(self.head), fragment, current.round)
@@ -408,6 +388,18 @@ class Merger:
                 keys.blob(record[field]) for field in ("params", "outer_state", "change") if record[field]
             ]
         self.mailbox.delete(stale)
+
+
+def _contributors(
+    accepted: dict[str, dict], weights: dict[str, float], norms: dict[str, float]
+) -> list[dict]:
+    """What a commit record says of each contribution it merged: its claims, and the weight and the norm
+    the merger gave and measured."""
+    return [
+        {"node": node, "blob": r["blob"], "samples": r["samples"], "steps": r["steps"], "final": r["final"],
+         "weight": weights[node], "norm": norms[node]}
+        for node, r in sorted(accepted.items())
+    ]  # fmt: skip
 
 
 def _finite(arrays: Arrays) -> bool:
