@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import os
-import threading
-from collections import Counter
 
 from ..errors import ConfigError
 from ..events import WARNING_KINDS, Event
+from .trackers import MetricsTracker
 
 
-class TensorBoardMetrics:
+class TensorBoardMetrics(MetricsTracker):
     """Logs `session.metrics()` as scalars under `prefix`, and counts events as they come.
 
     writer: a SummaryWriter (or anything with add_scalar(tag, value, step)); or log_dir: where a new
@@ -30,27 +29,15 @@ class TensorBoardMetrics:
                     "pip install tensorboard"
                 ) from error
             writer = SummaryWriter(log_dir=None if log_dir is None else str(log_dir))
-        self.writer, self.prefix = writer, prefix
-        self.events: Counter[str] = Counter()
-        self._lock = threading.Lock()
-        self._step = 0
+        super().__init__(prefix)
+        self.writer = writer
 
-    def log(self, session: object, step: int | None = None) -> dict:
-        """Write every metric of `session.metrics()` that has a value, at `step` (default: the session's
-        own step), and the event counts so far; returns the metrics written."""
-        metrics = {name: value for name, value in session.metrics().items() if value is not None}
-        self._step = int(metrics.get("step", 0)) if step is None else step
-        for name, value in metrics.items():
-            self.writer.add_scalar(f"{self.prefix}{name}", float(value), self._step)
-        with self._lock:
-            counts = dict(self.events)
-        for kind, count in sorted(counts.items()):
-            self.writer.add_scalar(f"{self.prefix}events/{kind}", count, self._step)
-        return metrics
+    def _write(self, scalars: dict[str, int | float], step: int) -> None:
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, float(value), step)
 
     def __call__(self, event: Event) -> None:
-        with self._lock:
-            self.events[event.kind] += 1
+        super().__call__(event)
         if event.kind in WARNING_KINDS and hasattr(self.writer, "add_text"):
             self.writer.add_text(f"{self.prefix}warnings", str(event), self._step)
 
