@@ -20,6 +20,8 @@ import slowlink.events
 import slowlink.ops.report
 import slowlink.ops.status
 import slowlink.ops.tensorboard
+import slowlink.ops.trackers
+import slowlink.ops.wandb
 import slowlink.protocol.summary
 from slowlink.cli.main import main
 from slowlink.demo.model import build_model, make_optimizer
@@ -121,7 +123,7 @@ def public_names():
         ("slowlink.checkpoint.load", sl.checkpoint.load),
     ]
     for module in (slowlink.events, slowlink.ops.status, slowlink.ops.report, slowlink.ops.tensorboard,
-                   slowlink.protocol.summary):  # fmt: skip
+                   slowlink.ops.trackers, slowlink.ops.wandb, slowlink.protocol.summary):  # fmt: skip
         for name, value in vars(module).items():
             if not name.startswith("_") and getattr(value, "__module__", None) == module.__name__:
                 if inspect.isclass(value) or inspect.isfunction(value):
