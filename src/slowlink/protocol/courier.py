@@ -17,6 +17,7 @@ import numpy as np
 
 from ..algorithms.diloco import DiLoCo
 from ..algorithms.robust import l2_norm
+from ..arrays import Arrays
 from ..errors import MailboxError, PayloadError, TrainingDiverged
 from ..events import Event
 from ..mailbox.contract import Mailbox
@@ -27,8 +28,6 @@ from . import keys, records
 from .leader import Leadership, Liveness
 from .merger import Merger
 from .run import Run, advance_head, load_change, load_params, probe_newest, read_commit, read_head
-
-Arrays = dict[str, np.ndarray]
 
 
 @dataclass
