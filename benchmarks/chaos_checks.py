@@ -87,7 +87,7 @@ class LifeRecord:
         }
 
     def errors(self) -> list[tuple[float, str]]:
-        return [(e["t"], e["message"]) for e in self.events if e["kind"] == "mailbox_error"]
+        return [(e["t"], e["message"]) for e in self.events if e["kind"] in ("mailbox_error", "upload_failed")]
 
 
 @dataclass
@@ -268,7 +268,10 @@ def lost_answer(lives: list[LifeRecord], node: str, fragment: int, round_: int) 
         for event in life.events if life.node == node else []:
             if event["kind"] == "progress":
                 step = event["step"]
-            elif event["kind"] == "mailbox_error" and f"PUT {key} {LOST_ANSWER}" in event["message"]:
+            elif (
+                event["kind"] in ("mailbox_error", "upload_failed")
+                and f"PUT {key} {LOST_ANSWER}" in event["message"]
+            ):
                 return index, step
     return None
 

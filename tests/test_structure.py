@@ -8,9 +8,9 @@ import slowlink as sl
 
 PACKAGE = Path(sl.__file__).parent
 
-# DESIGN.md's layers, bottom first. errors.py and events.py are shared vocabulary, below everything.
+# DESIGN.md's layers, bottom first. errors.py, arrays.py and events.py are shared vocabulary, below everything.
 # plan (the utilization planner) is pure arithmetic: it needs only errors, and cli imports it.
-LAYERS = ["errors", "events", "metrics", "plan", "frameworks", "mailbox", "wire", "algorithms", "sim", "collective",
+LAYERS = ["errors", "arrays", "events", "metrics", "plan", "frameworks", "mailbox", "wire", "algorithms", "sim", "collective",
           "protocol", "session", "checkpoint", "ops", "demo", "cli"]  # fmt: skip
 
 

@@ -32,6 +32,7 @@ LEVELS: dict[str, int] = {
     "commit_change_refused": logging.WARNING,
     "checkpoint_behind": logging.WARNING,
     "lease_ignored": logging.WARNING,
+    "upload_failed": logging.WARNING,
     "key_ignored": logging.WARNING,
     "record_replaced": logging.WARNING,
     # the normal course of a run
@@ -50,6 +51,7 @@ LEVELS: dict[str, int] = {
     # every round, on every node
     "contribution_sent": logging.DEBUG,
     "commit_applied": logging.DEBUG,
+    "leases_swept": logging.INFO,
 }
 # Kinds that mean work trained on a node did not (fully) reach the committed model, or a failure.
 WARNING_KINDS = {kind for kind, level in LEVELS.items() if level >= logging.WARNING}

@@ -27,6 +27,7 @@ from .mailbox.contract import Mailbox
 from .mailbox.metered import Metered
 from .protocol import keys
 from .protocol.courier import Alignment, Contribution, Courier, NodeStatus
+from .protocol.leader import refuse_if_live
 from .protocol.run import load_newest, open_run, read_run
 from .protocol.trust import ENVIRONMENT_VARIABLE, RunKey, Signed
 from .wire.encodings import ENCODINGS
@@ -151,6 +152,7 @@ class Session:
             key_id=self.run_key.key_id if self.run_key else None,
         )
         self.plan = self.run.plan
+        refuse_if_live(self.mailbox, self.node_id, self.lease_seconds)
         latest = load_newest(self.mailbox, self.run)
         for _, params in latest.values():
             self.adapter.assign(params)  # a joiner starts from the committed model

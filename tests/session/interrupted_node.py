@@ -1,5 +1,6 @@
-"""A node for the Ctrl-C test: leads a run over a slow DirMailbox, prints "leading" once it merges, then
-trains until interrupted. Run as: python interrupted_node.py MAILBOX_PATH."""
+"""A node for the Ctrl-C and node-id tests: leads a run under node id "a" over a DirMailbox whose every
+request takes LATENCY seconds (0.4 by default), prints "leading" once it merges, then trains until
+interrupted. Run as: python interrupted_node.py MAILBOX_PATH [LATENCY]."""
 
 import itertools
 import sys
@@ -13,10 +14,10 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from nodes import batches, sgd_step, tiny_mlp  # noqa: E402
 
 
-def main(path: str) -> None:
+def main(path: str, latency: float) -> None:
     torch.set_num_threads(1)
-    # Every request takes 0.4 s: leaving takes a while, long enough for a second Ctrl-C to land in it.
-    mailbox = sl.mailbox.Faulty(sl.DirMailbox(path), latency=0.4)
+    # With latency 0.4 s a request, leaving takes a while, long enough for a second Ctrl-C to land in it.
+    mailbox = sl.mailbox.Faulty(sl.DirMailbox(path), latency=latency)
     model = tiny_mlp()
     with sl.Session(model, algorithm=sl.DiLoCo(sync_every=1), mailbox=mailbox, node_id="a",
                     poll_seconds=0.01, lease_seconds=60.0) as session:  # fmt: skip
@@ -31,4 +32,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 0.4)

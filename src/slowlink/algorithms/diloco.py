@@ -14,7 +14,7 @@ from .outer import OuterOptimizer, outer_nesterov
 from .partition import BalancedBytes, Schema, Strided
 from .schedule import fragment_offsets
 
-DTYPE_NAMES = (None, "F32", "F16", "BF16", "F8_E4M3", "F4")
+DTYPE_NAMES = (None, "F32", "F16", "BF16", "F8_E4M3", "F8_E4M3_TENSOR", "F4")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
-Arrays = dict[str, np.ndarray]
+from ..arrays import Arrays
 
 
 class MergeRule(Protocol):

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-Arrays = dict[str, np.ndarray]
+from ..arrays import Arrays
 
 
 def blend(local: Arrays, committed: Arrays, mixing: float) -> Arrays:

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-Arrays = dict[str, np.ndarray]
+from ..arrays import Arrays
 
 
 @dataclass(frozen=True)

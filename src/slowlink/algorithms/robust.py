@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arrays import Arrays
 from ..errors import ConfigError
-from .merge import Arrays
 
 CHUNK_VALUES = 1 << 22  # values stacked at once by TrimmedMean: 16 MiB of float32, whatever the round
 NORM_CHUNK = 1 << 20  # values widened to float64 at once by l2_norm: 8 MiB

@@ -5,10 +5,9 @@ import time
 
 import numpy as np
 
+from ..arrays import Arrays
 from ..errors import MailboxUnavailable
 from ..session import Session, _InFlight
-
-Arrays = dict[str, np.ndarray]
 
 
 def capture(session: Session, upload_timeout: float) -> tuple[dict, Arrays]:

@@ -8,13 +8,13 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from ..arrays import Arrays
 from ..errors import ConfigError, PayloadError
 from ..frameworks.base import compare_schemas
 from ..protocol import records
 from ..session import Session
 
 FORMAT = "slowlink-checkpoint-1"
-Arrays = dict[str, np.ndarray]
 
 HEADER_FIELDS = {"run": str, "node": str, "schema": list, "step": int, "samples": int, "schedule_step": int,
                  "owed": list, "fragments": list}  # fmt: skip

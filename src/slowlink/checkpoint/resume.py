@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arrays import Arrays
 from ..events import Event
 from ..protocol import keys, records
 from ..protocol.courier import Contribution
@@ -13,7 +14,6 @@ from ..session import Session, _InFlight
 
 SCAN_ROUNDS = 8  # commits after the checkpoint searched for a contribution this node published after the save
 NO_ROUND = 1 << 62  # a round no commit reaches: the courier attributes no commit to it
-Arrays = dict[str, np.ndarray]
 
 
 @dataclass

@@ -11,10 +11,10 @@ from typing import Protocol
 
 import numpy as np
 
+from ..arrays import Arrays
 from ..errors import ConfigError, SchemaMismatch
 
 Schema = list[tuple[str, tuple[int, ...], str]]
-Arrays = dict[str, np.ndarray]
 
 
 class Adapter(Protocol):

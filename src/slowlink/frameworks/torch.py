@@ -10,7 +10,7 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-Arrays = dict[str, np.ndarray]
+from ..arrays import Arrays
 
 
 class TorchAdapter:

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..algorithms.diloco import DiLoCo
 from ..algorithms.robust import l2_norm
+from ..arrays import Arrays
 from ..errors import MailboxError, PayloadError, TrainingDiverged
 from ..events import Event
 from ..mailbox.contract import Mailbox
@@ -24,11 +25,9 @@ from ..wire import payload
 from ..wire.compress import compress
 from ..wire.error_feedback import encode_arrays_with_feedback
 from . import keys, records
-from .leader import Leadership, Liveness
+from .leader import Leadership, Liveness, beat_seconds
 from .merger import Merger
 from .run import Run, advance_head, load_change, load_params, probe_newest, read_commit, read_head
-
-Arrays = dict[str, np.ndarray]
 
 
 @dataclass
@@ -92,7 +91,7 @@ class Courier:
         self.residual: dict[int, Arrays] = {}
         self.residual_in_flight: dict[int, Arrays] = {}
         self.poll_seconds, self.lease_seconds = poll_seconds, lease_seconds
-        self.beat_seconds = min(lease_seconds / 4, 2.0)
+        self.beat_seconds = beat_seconds(lease_seconds)
         self.outbox: queue.Queue[Contribution] = queue.Queue()
         self.inbox: queue.Queue[Alignment] = queue.Queue()
         self.wake = threading.Event()
@@ -191,11 +190,14 @@ class Courier:
                 continue  # its round is already committed; the training thread carries these steps over
             try:
                 self._upload(item)
-            except MailboxError:
+            except MailboxError as error:
                 self._unsent = (
                     item  # the same bytes under the same keys next turn: a retry cannot count twice
                 )
-                raise
+                self.emit(Event("upload_failed", self.node_id, f"fragment {item.fragment} round {item.base + 1}: "
+                                f"{error}; sent again next turn", {"fragment": item.fragment,
+                                "round": item.base + 1, "error": type(error).__name__}))  # fmt: skip
+                return  # the rest of the turn (news, lease, merging) does not wait for it
 
     def _upload(self, item: Contribution) -> None:
         round_ = item.base + 1
@@ -347,6 +349,11 @@ class Courier:
                     continue  # read again on the next look
                 self.liveness.observe(item.key, item.etag, beat)
         self.liveness.forget_absent(present)
+        if self.leadership.is_leader and (gone := self.liveness.gone_for(2 * self.lease_seconds)):
+            self.mailbox.delete(gone)
+            self.liveness.forget_absent(set(present) - set(gone))
+            self.emit(Event("leases_swept", self.node_id, f"deleted {len(gone)} lease(s) silent for two leases: "
+                            f"{', '.join(gone[:5])}", {"keys": gone}))  # fmt: skip
 
     def _read_lease(self, key: str, node: str) -> tuple[str, int] | None:
         try:

@@ -11,17 +11,23 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ..errors import PayloadError, PreconditionFailed
+from ..errors import ConfigError, PayloadError, PreconditionFailed
 from ..mailbox.contract import Mailbox
 from . import keys, records
 
 LIVES_REMEMBERED = 8  # lives of one node id whose beats are tracked: a replay of an old life stays stale
 
 
+def beat_seconds(lease_seconds: float) -> float:
+    """How often a node rewrites its lease: often enough that a quarter lease always sees a new beat."""
+    return min(lease_seconds / 4, 2.0)
+
+
 @dataclass
 class _Lease:
     beats: dict[str, int]  # life -> highest beat read from it
     rose_at: float | None  # when a beat last rose, on this observer's clock
+    seen_at: float  # when this observer first listed the key
     read: tuple[str, float] | None = None  # (etag, when) of the last read
 
 
@@ -47,7 +53,7 @@ class Liveness:
 
     def observe(self, key: str, etag: str, beat: tuple[str, int] | None) -> None:
         now = self.clock()
-        lease = self._leases.setdefault(key, _Lease({}, None))
+        lease = self._leases.setdefault(key, _Lease({}, None, now))
         lease.read = (etag, now)
         if beat is None:
             return
@@ -72,9 +78,57 @@ class Liveness:
             and self.clock() - lease.rose_at < self.lease_seconds
         )
 
+    def gone_for(self, seconds: float) -> list[str]:
+        """Keys still listed whose beat has not risen (or never did) for `seconds`: leases left behind by
+        nodes that crashed, or junk; a leader sweeps them so the store does not fill with the dead."""
+        now = self.clock()
+        return sorted(key for key, lease in list(self._leases.items())
+                      if now - (lease.rose_at if lease.rose_at is not None else lease.seen_at) >= seconds)  # fmt: skip
+
     def live_keys(self) -> list[str]:
         # A copy first: the communication thread adds keys while the training thread asks.
         return sorted(key for key in list(self._leases) if self.is_live(key))
+
+
+def refuse_if_live(
+    mailbox: Mailbox,
+    node_id: str,
+    lease_seconds: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Refuse to start a node under an id another live process holds. With a lease already under this id,
+    watch it for one and a half beats: a beat that rises is another process beating it, and this node
+    must not share its id (both would send contributions and leases as one); a lease that stays still is
+    an earlier life of this node, crashed, which this one replaces."""
+    key = keys.node(node_id)
+    first, etag = _lease_beat(mailbox, key, None)
+    if first is None:
+        return
+    interval = beat_seconds(lease_seconds)
+    deadline = clock() + 1.5 * interval
+    while clock() < deadline:
+        sleep(min(0.1, interval / 4))
+        beat, etag = _lease_beat(mailbox, key, etag)
+        if beat is not None and (beat[0] != first[0] or beat[1] > first[1]):
+            raise ConfigError(
+                f"node_id={node_id!r} is live in another process: its lease in the mailbox is being renewed. "
+                "Give every process of a run its own node_id (the default, host name and process id, is "
+                "unique), or stop the other process first"
+            )
+
+
+def _lease_beat(mailbox: Mailbox, key: str, etag: str | None) -> tuple[tuple[str, int] | None, str | None]:
+    """(life, beat) of the lease at `key` if it changed since `etag` and reads whole, and its etag."""
+    try:
+        found = mailbox.get(key, if_none_match=etag, max_bytes=records.READ_LIMIT)
+        if found is None or found.data is None:
+            return None, (found.etag if found is not None else etag)
+        record = records.decode(found.data, records.LEASE_FIELDS, what=key)
+    except PayloadError:
+        return None, etag
+    return (record.get("life", ""), record["beat"]), found.etag
 
 
 class Leadership:

@@ -18,6 +18,7 @@ import numpy as np
 from ..algorithms.diloco import DiLoCo
 from ..algorithms.outer import OuterState
 from ..algorithms.robust import bounded_claims, l2_norm, norm_outliers
+from ..arrays import Arrays
 from ..errors import MailboxError, PayloadError, PreconditionFailed
 from ..events import Event
 from ..mailbox.contract import Mailbox
@@ -26,7 +27,6 @@ from . import keys, records
 from .run import KEEP_COMMITS, Run, advance_head, get_blob, listed_etag, put_blob, read_commit
 from .summary import record_commit
 
-Arrays = dict[str, np.ndarray]
 HISTORY = 16  # recent norms per fragment and samples per step per node kept for judging later rounds
 MAX_CLAIM_RATIO = 4.0  # how far a node's reported samples per step may exceed the others' (bounded_claims)
 STEP_CAP_ROUNDS = 16  # a Δ counts as spanning at most this many rounds of steps, carried ones included

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..arrays import Arrays
 from ..errors import PayloadError, PreconditionFailed, RunConfigMismatch
 from ..frameworks.base import compare_schemas
 from ..mailbox.contract import Mailbox
@@ -20,7 +21,6 @@ from . import keys, records
 from .trust import ENVIRONMENT_VARIABLE
 
 FORMAT = "slowlink-run-1"
-Arrays = dict[str, np.ndarray]
 KEEP_COMMITS = 3  # params blobs of the newest commits stay, so joiners and new leaders find no hole
 JOIN_ATTEMPTS = 5  # a joiner may race garbage collection of the commit it read; it then reads head again
 

@@ -1,0 +1,67 @@
+"""One node id, one live process: a second process started under an id that is live is refused with an
+error naming the id and the fix, while a node restarted after a crash rejoins under its id; the leader
+sweeps leases left behind by nodes that crashed."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import slowlink as sl
+from slowlink.protocol import keys, records
+
+from .nodes import tiny_mlp
+
+NODE = Path(__file__).with_name("interrupted_node.py")  # leads a run under node id "a", prints "leading"
+
+
+def start_node(path: Path) -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, str(NODE), str(path), "0"], stdout=subprocess.PIPE, text=True,
+                             env=os.environ | {"PYTHONUNBUFFERED": "1"})  # fmt: skip
+    assert child.stdout.readline().strip() == "leading"
+    return child
+
+
+def session(path: Path, node_id: str = "a", **options) -> sl.Session:
+    options = {"lease_seconds": 60.0, "poll_seconds": 0.01} | options
+    return sl.Session(tiny_mlp(), algorithm=sl.DiLoCo(sync_every=1), mailbox=sl.DirMailbox(path),
+                      node_id=node_id, **options)  # fmt: skip
+
+
+def test_a_second_live_process_under_the_same_node_id_is_refused_naming_the_id_and_the_fix(tmp_path):
+    child = start_node(tmp_path / "run")
+    try:
+        started = time.monotonic()
+        with pytest.raises(sl.ConfigError, match=r"node_id='a' is live in another process.*own node_id"):
+            with session(tmp_path / "run"):
+                pass
+        assert time.monotonic() - started < 5.0  # fails fast: within a beat and a half (2 s at most)
+        assert child.poll() is None  # the live one goes on
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_node_restarted_after_a_crash_rejoins_under_its_id(tmp_path):
+    child = start_node(tmp_path / "run")
+    child.kill()  # SIGKILL: its lease stays, and stops changing
+    child.wait()
+    assert sl.DirMailbox(tmp_path / "run").get(keys.node("a")) is not None
+    with session(tmp_path / "run") as restarted:
+        assert restarted.stats.versions[0] >= 1  # it joined the run, from its newest commit
+
+
+def test_the_leader_sweeps_leases_left_by_crashed_nodes(tmp_path):
+    mailbox, events = sl.DirMailbox(tmp_path / "run"), []
+    with session(tmp_path / "run", lease_seconds=1.0, on_event=events.append):
+        ghost = {"node": "ghost", "beat": 7, "step": 3, "samples": 12, "step_seconds": 0.1, "life": "x"}
+        mailbox.put(keys.node("ghost"), records.encode(ghost))  # a lease that will never be renewed
+        deadline = time.monotonic() + 10
+        while mailbox.get(keys.node("ghost")) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mailbox.get(keys.node("ghost")) is None
+        assert mailbox.get(keys.node("a")) is not None  # its own, live lease stays
+    assert any(e.kind == "leases_swept" and e.data["keys"] == [keys.node("ghost")] for e in events)
