@@ -87,7 +87,9 @@ class LifeRecord:
         }
 
     def errors(self) -> list[tuple[float, str]]:
-        return [(e["t"], e["message"]) for e in self.events if e["kind"] in ("mailbox_error", "upload_failed")]
+        return [
+            (e["t"], e["message"]) for e in self.events if e["kind"] in ("mailbox_error", "upload_failed")
+        ]
 
 
 @dataclass

@@ -16,6 +16,7 @@ from ..mailbox.contract import Mailbox
 from . import keys, records
 
 LIVES_REMEMBERED = 8  # lives of one node id whose beats are tracked: a replay of an old life stays stale
+PAST_REMEMBERED = 1024  # leases gone from the listing whose beats are still remembered
 
 
 def beat_seconds(lease_seconds: float) -> float:
@@ -43,6 +44,9 @@ class Liveness:
         self.read_interval = lease_seconds / 4
         self.clock = clock
         self._leases: dict[str, _Lease] = {}
+        self._past: dict[
+            str, dict[str, int]
+        ] = {}  # key -> beats of each life, for keys gone from the listing
 
     def due(self, key: str, etag: str) -> bool:
         lease = self._leases.get(key)
@@ -53,7 +57,9 @@ class Liveness:
 
     def observe(self, key: str, etag: str, beat: tuple[str, int] | None) -> None:
         now = self.clock()
-        lease = self._leases.setdefault(key, _Lease({}, None, now))
+        if key not in self._leases:
+            self._leases[key] = _Lease(self._past.pop(key, {}), None, now)
+        lease = self._leases[key]
         lease.read = (etag, now)
         if beat is None:
             return
@@ -65,10 +71,13 @@ class Liveness:
                 del lease.beats[next(iter(lease.beats))]
 
     def forget_absent(self, present: Iterable[str]) -> None:
-        """Keys absent from a full listing are gone (a node that left cleanly)."""
+        """Keys absent from a full listing are gone (a node that left cleanly, or a swept lease). Their
+        beats are remembered, so that the same lease written back later is a replay, not a new node."""
         keep = set(present)
         for key in [key for key in self._leases if key not in keep]:
-            del self._leases[key]
+            self._past[key] = self._leases.pop(key).beats
+            while len(self._past) > PAST_REMEMBERED:
+                del self._past[next(iter(self._past))]
 
     def is_live(self, key: str) -> bool:
         lease = self._leases.get(key)
