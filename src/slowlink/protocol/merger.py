@@ -272,15 +272,17 @@ class Merger:
         # The outer step updates `state` in place: should this attempt fail, the next reads it from the store.
         self.outer_states.pop(fragment, None)
         weights = self._weights(current)
-        try:
-            delta = self.algorithm.merge.merge(
-                self._contributions(fragment, current, l2_norm(anchor), weights)
-            )
-        except ValueError:
-            return None  # every payload failed its checks; the round stays open for others
-        accepted = dict(current.accepted)  # what the merge consumed, less the payloads it rejected
-        flush_only = all(record["final"] for record in accepted.values())
-        params, state = self.outer.update(delta, state, anchor, use_momentum=not flush_only)
+        # An overflow is caught below, as a non-finite result, and has its own reason: numpy need not warn.
+        with np.errstate(over="ignore", invalid="ignore"):
+            try:
+                delta = self.algorithm.merge.merge(
+                    self._contributions(fragment, current, l2_norm(anchor), weights)
+                )
+            except ValueError:
+                return None  # every payload failed its checks; the round stays open for others
+            accepted = dict(current.accepted)  # what the merge consumed, less the payloads it rejected
+            flush_only = all(record["final"] for record in accepted.values())
+            params, state = self.outer.update(delta, state, anchor, use_momentum=not flush_only)
         del delta  # one fragment less held while the commit is written
         if not _finite(params) or not _finite(state.momentum):
             # Each payload was finite, but together they overflow: leave out the largest, try again next turn.
