@@ -15,22 +15,8 @@ import pytest
 
 from slowlink.errors import ObjectTooLarge
 from slowlink.mailbox.metered import Metered
+from tests.mailbox.recording_hook import Hook
 from tests.s3server import dummy_credentials, fresh_s3_mailbox
-
-
-class Hook:
-    """An on_ignored hook that records what it was told."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-
-    def __call__(self, key: str, reason: str) -> None:
-        self.calls.append((key, reason))
-
-    @property
-    def keys(self) -> list[str]:
-        return [key for key, _ in self.calls]
-
 
 ODD_S3_KEYS = [
     "rounds/0000/0000000001/a b",

@@ -27,23 +27,10 @@ from slowlink.errors import ConfigError, MailboxRejected, MailboxUnavailable, Ob
 from slowlink.mailbox import DirMailbox, MemoryMailbox, Object, directory
 from slowlink.mailbox.faulty import Faulty
 from slowlink.mailbox.metered import Metered
+from tests.mailbox.recording_hook import Hook
 
 SOURCE = str(Path(slowlink.__file__).resolve().parents[1])  # what a child process puts on its path
 TEMPORARIES = (".slowlink", "tmp")
-
-
-class Hook:
-    """An on_ignored hook that records what it was told."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-
-    def __call__(self, key: str, reason: str) -> None:
-        self.calls.append((key, reason))
-
-    @property
-    def keys(self) -> list[str]:
-        return [key for key, _ in self.calls]
 
 
 def directory_mailbox(tmp_path: Path) -> tuple[DirMailbox, Hook]:

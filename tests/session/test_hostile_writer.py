@@ -2,7 +2,6 @@
 are skipped or replaced, replayed records count for nothing, and a run is never created over another's
 history. Each case runs against a directory and moto's S3 server."""
 
-import itertools
 import time
 
 import pytest
@@ -15,17 +14,6 @@ from slowlink.protocol.trust import RunKey, Signed
 from .nodes import batches, sgd_step, tiny_mlp
 
 KEY = "k" * 32
-_prefixes = itertools.count()
-
-
-@pytest.fixture(params=["dir", "s3"])
-def store(request, tmp_path):
-    """A fresh mailbox of each kind; the S3 one under a new prefix of the test bucket."""
-    if request.param == "dir":
-        return sl.DirMailbox(tmp_path / "run")
-    endpoint = request.getfixturevalue("s3_endpoint")
-    return sl.S3Mailbox(endpoint.bucket, f"hostile-{next(_prefixes)}-{time.time_ns()}",
-                        endpoint_url=endpoint.url, region=endpoint.region)  # fmt: skip
 
 
 def view(mailbox, key: str = KEY) -> Signed:

@@ -8,7 +8,6 @@ import json
 import time
 
 import numpy as np
-import pytest
 
 import slowlink as sl
 from slowlink.protocol import keys, records
@@ -18,17 +17,7 @@ from slowlink.wire import payload
 from .nodes import batches, sgd_step, tiny_mlp
 from .test_nothing_lost import raw_payload, shapes
 
-_prefixes = itertools.count()
 DEEP = "[" * 100_000 + "]" * 100_000  # 200 kB of nesting: RecursionError in json.loads
-
-
-@pytest.fixture(params=["dir", "s3"])
-def store(request, tmp_path):
-    if request.param == "dir":
-        return sl.DirMailbox(tmp_path / "run")
-    endpoint = request.getfixturevalue("s3_endpoint")
-    return sl.S3Mailbox(endpoint.bucket, f"escapes-{next(_prefixes)}-{time.time_ns()}",
-                        endpoint_url=endpoint.url, region=endpoint.region)  # fmt: skip
 
 
 def contribution(run, node: str, round_: int, arrays: dict, **record) -> tuple[bytes, dict]:
