@@ -128,7 +128,7 @@ Checks after each schedule, from the store and the learners' logs: every life no
 its steps; each fragment's commits run 1..n unbroken; every contributor of a commit logged sending that
 contribution (paired by payload sha), none is counted twice, and no node was told that a merged
 contribution missed its round; every life that exited accounts for each fragment-step it trained
-(merged while it ran, or reported in `steps_unmerged` or `steps_unconfirmed`); `sl.align` loads each
+(merged while it ran, or reported in `steps_dropped` or `steps_unconfirmed`); `sl.align` loads each
 fragment's newest commit, and that model is finite with a held-out loss below the initial model's.
 
 Faults: reported by the lives that exited + at least those of killed lives. Work lost, in fragment-steps

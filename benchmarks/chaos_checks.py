@@ -291,7 +291,7 @@ def killed_while_sending(lives: list[LifeRecord], node: str, fragment: int, roun
 def check_accounting(lives: list[LifeRecord], commits: dict, merged: dict, unused: list, fragments: int,
                      outcome: Outcome) -> None:  # fmt: skip
     """Nothing silently lost, nothing counted twice: a life that finished trained steps × fragments
-    fragment-steps, and each is in a contribution merged while it ran, or in its steps_unmerged, or in its
+    fragment-steps, and each is in a contribution merged while it ran, or in its steps_dropped, or in its
     steps_unconfirmed (published, awaiting a commit when it left; the run may have merged them since)."""
     for index, life in enumerate(lives):
         if life.result is None:
@@ -306,7 +306,7 @@ def check_accounting(lives: list[LifeRecord], commits: dict, merged: dict, unuse
             if (sent["fragment"], sent["round"]) in life.unconfirmed_rounds()
         )
         trained = stats["step"] * fragments
-        if in_commits - merged_after + stats["steps_unmerged"] + unconfirmed == trained:
+        if in_commits - merged_after + stats["steps_dropped"] + unconfirmed == trained:
             continue
         # Its own contributions left unpaired in a commit that names its node, and never reported late: it
         # took another life's contribution under its node id for its own.
@@ -327,13 +327,13 @@ def check_accounting(lives: list[LifeRecord], commits: dict, merged: dict, unuse
                            "under its node id: lost without a word")  # fmt: skip
         explained = (
             reasons
-            and in_commits - merged_after + stats["steps_unmerged"] + unconfirmed + taken - twice == trained
+            and in_commits - merged_after + stats["steps_dropped"] + unconfirmed + taken - twice == trained
         )
         outcome.fail(
             "accounting",
             f"{life.name} trained {stats['step']} steps × {fragments} fragments = {trained} fragment-steps, but "
             f"commits hold {in_commits} of them ({merged_after} merged after it left) and it reports "
-            f"{stats['steps_unmerged']} unmerged and {unconfirmed} unconfirmed: "
+            f"{stats['steps_dropped']} unmerged and {unconfirmed} unconfirmed: "
             + ("; ".join(reasons) if explained else "these must add up to what it trained"),
         )
 
@@ -376,7 +376,7 @@ def measure(
             merged_after = sum(sent["steps"] for f in range(fragments) for sent in merged.get((index, f), [])
                                if (sent["fragment"], sent["round"]) in life.unconfirmed_rounds())  # fmt: skip
             outcome.lost_finished += (
-                stats["steps_unmerged"] + stats.get("steps_unconfirmed", 0) - merged_after
+                stats["steps_dropped"] + stats.get("steps_unconfirmed", 0) - merged_after
             )
         elif life.killed:
             # Steps after the snapshot of its last merged contribution, fragment by fragment.

@@ -39,7 +39,7 @@ def main() -> None:
             mailbox = tempfile.mkdtemp(prefix="slowlink-bench-") if label == "with slowlink" else None
             result = run_phase(config, label, names, args.steps, mailbox, Quiet())
             walls[label].append(result.wall_s)
-            rounds = max((s.get("rounds_committed", 0) for s in result.stats.values()), default=0)
+            rounds = max((s.get("commits_applied", 0) for s in result.stats.values()), default=0)
             rows.append([repeat + 1, label, f"{result.wall_s:.1f}", f"{result.core_share:.2f}", rounds])
             print(rows[-1], flush=True)
     plain, linked = (statistics.median(walls[label]) for label in walls)

@@ -40,7 +40,7 @@ def worker(args: dict, out: str) -> None:
     log = []
 
     def on_event(event: sl.Event) -> None:
-        if event.kind in ("contribution_sent", "commit_applied", "round_committed"):
+        if event.kind in ("contribution_sent", "commit_applied", "round_merged"):
             log.append(
                 {
                     "kind": event.kind,
@@ -63,7 +63,7 @@ def worker(args: dict, out: str) -> None:
             session.step(samples=16)
         stats = session.stats
     Path(out).write_text(json.dumps({"requests": dict(session.mailbox.requests), "log": log,
-                                     "rounds": stats.rounds_committed, "merged": stats.rounds_merged,
+                                     "rounds": stats.commits_applied, "merged": stats.rounds_merged,
                                      "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received}))  # fmt: skip
 
 

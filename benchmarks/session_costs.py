@@ -104,7 +104,7 @@ def node_process(mode: str, mailbox: str, node: int, steps: int, out: str) -> No
                 train_step()
                 session.step(samples=BATCH)
         stats = session.stats
-        result = {"requests": dict(session.mailbox.requests), "rounds": stats.rounds_committed,
+        result = {"requests": dict(session.mailbox.requests), "rounds": stats.commits_applied,
                   "merged": stats.rounds_merged, "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received}  # fmt: skip
     result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     result["model_bytes"] = sum(p.numel() * 4 for p in model.parameters())

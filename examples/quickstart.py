@@ -35,7 +35,7 @@ def learner(node: int, folder: str) -> None:
         for batch in loader:
             loss = train_step(model, optimizer, batch)
             session.step(samples=len(batch))
-    print(f"node-{node}: last loss {loss:.3f}, {session.stats.rounds_committed} commits applied, "
+    print(f"node-{node}: last loss {loss:.3f}, {session.stats.commits_applied} commits applied, "
           f"{session.stats.bytes_sent / 1e6:.1f} MB sent")  # fmt: skip
 
 

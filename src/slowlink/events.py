@@ -39,7 +39,7 @@ LEVELS: dict[str, int] = {
     "run_created": logging.INFO,
     "joined": logging.INFO,
     "left": logging.INFO,
-    "round_committed": logging.INFO,
+    "round_merged": logging.INFO,
     "leader_elected": logging.INFO,
     "leader_lost": logging.INFO,
     "sync_deferred": logging.INFO,

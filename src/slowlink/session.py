@@ -41,7 +41,7 @@ class SessionStats:
     step: int
     samples: int
     versions: tuple[int, ...]  # the commit each fragment is aligned with
-    rounds_committed: int  # commits this node applied
+    commits_applied: int  # commits this node applied
     rounds_merged: int  # rounds this node closed as the leader
     contributions_sent: int
     contributions_late: int  # missed their round; their steps were carried into the next contribution
@@ -49,7 +49,7 @@ class SessionStats:
     syncs_deferred: int  # due while the in-flight limit was reached; published later, nothing lost
     syncs_skipped: int  # due for a round already committed (a node joining mid-round); steps carried
     steps_replaced: int  # overlap steps replaced by a commit (mixing keeps a share of them)
-    steps_unmerged: int  # steps trained but never merged: dropped when the node left
+    steps_dropped: int  # steps trained but never merged: dropped when the node left
     steps_unconfirmed: int  # published, but not committed before the node left: the run may still merge them
     bytes_sent: int
     bytes_received: int
@@ -409,15 +409,15 @@ class Session:
             step=self._step,
             samples=self._samples,
             versions=tuple(version for version, _ in (self._anchors[q] for q in range(len(self.plan)))),
-            rounds_committed=counts["commit_applied"],
-            rounds_merged=counts["round_committed"],
+            commits_applied=counts["commit_applied"],
+            rounds_merged=counts["round_merged"],
             contributions_sent=counts["contribution_sent"],
             contributions_late=counts["contribution_late"],
             contributions_rejected=counts["contribution_rejected"],
             syncs_deferred=counts["sync_deferred"],
             syncs_skipped=counts["sync_skipped"],
             steps_replaced=counts["steps_replaced:steps"],
-            steps_unmerged=counts["steps_dropped:steps"],
+            steps_dropped=counts["steps_dropped:steps"],
             steps_unconfirmed=counts["steps_unconfirmed:steps"],
             bytes_sent=self.mailbox.bytes_sent,
             bytes_received=self.mailbox.bytes_received,
@@ -446,7 +446,7 @@ class Session:
             "bytes_sent": stats.bytes_sent,
             "bytes_received": stats.bytes_received,
             "requests": stats.requests,
-            "rounds_committed": stats.rounds_committed,
+            "commits_applied": stats.commits_applied,
             "rounds_merged": stats.rounds_merged,
             "contributions_sent": stats.contributions_sent,
             "contributions_late": stats.contributions_late,

@@ -139,7 +139,7 @@ def test_the_checks_flag_trained_steps_that_are_neither_merged_nor_reported():
     events.append({"kind": "steps_unconfirmed", "data": {"steps": 10, "rounds": [[0, 2]]}})
     commits = {(0, 1): {"contributors": [{"node": "node-0", "steps": 20}]}}
     for unconfirmed, failures in ((10, 0), (0, 1)):
-        stats = {"step": 40, "steps_unmerged": 10, "steps_unconfirmed": unconfirmed}
+        stats = {"step": 40, "steps_dropped": 10, "steps_unconfirmed": unconfirmed}
         lives = [LifeRecord("node-0", 0, False, 0, 9.0, events, {"stats": stats}, "")]
         outcome = Outcome()
         merged, unpaired = match_contributors(commits, lives, outcome)

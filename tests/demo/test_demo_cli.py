@@ -86,13 +86,13 @@ def test_a_short_real_demo_commits_rounds_prints_the_summary_and_writes_the_png(
     distributed, alone = summary["distributed"], summary["alone"]
     assert sorted(distributed["stats"]) == ["node-0", "node-1"]
     # H=10, P=2 over 30 steps: fragment 0 syncs at 10, 20, 30 and fragment 1 at 15, 25, then flushes.
-    assert all(stats["rounds_committed"] >= 3 for stats in distributed["stats"].values())
+    assert all(stats["commits_applied"] >= 3 for stats in distributed["stats"].values())
     assert all(
         stats["bytes_sent"] > 0 and stats["bytes_received"] > 0 for stats in distributed["stats"].values()
     )
     # The "nothing lost" counters reach the summary. (The tiny model trains 30 steps faster than rounds
     # commit, so a few steps after the last in-flight round may go unmerged; they are counted, not hidden.)
-    assert all(stats["steps_unmerged"] >= 0 for stats in distributed["stats"].values())
+    assert all(stats["steps_dropped"] >= 0 for stats in distributed["stats"].values())
     assert sum(stats["contributions_rejected"] for stats in distributed["stats"].values()) == 0
     assert "steps unmerged" in done.stdout and "contributions rejected" in done.stdout
     # Both learned: from near ln 256 = 5.55 nats at the start to at least a nat lower (about 3.4 and 3.0 on

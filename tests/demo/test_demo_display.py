@@ -8,8 +8,8 @@ from slowlink.demo.run import Curve, DemoConfig, DemoResult, PhaseResult
 from slowlink.ops.console import make_console
 
 STATS = {
-    "step": 600, "rounds_committed": 48, "rounds_merged": 48, "bytes_sent": 123_456_789,
-    "bytes_received": 234_567_890, "requests": 4_321, "steps_unmerged": 0, "contributions_rejected": 0,
+    "step": 600, "commits_applied": 48, "rounds_merged": 48, "bytes_sent": 123_456_789,
+    "bytes_received": 234_567_890, "requests": 4_321, "steps_dropped": 0, "contributions_rejected": 0,
     "contributions_late": 3, "is_leader": True,
 }  # fmt: skip
 

@@ -110,9 +110,9 @@ def test_metrics_agree_with_the_stats_and_measure_waiting_and_staleness():
             sgd_step(model, batch, 0.1)
             session.step(samples=4)
         metrics, stats = session.metrics(), session.stats
-    for name in ("step", "samples", "bytes_sent", "bytes_received", "rounds_committed", "contributions_sent"):
+    for name in ("step", "samples", "bytes_sent", "bytes_received", "commits_applied", "contributions_sent"):
         assert metrics[name] == getattr(stats, name), name
-    assert metrics["step"] == 6 and metrics["rounds_committed"] == 3
+    assert metrics["step"] == 6 and metrics["commits_applied"] == 3
     assert metrics["staleness_rounds"] == 0 and metrics["staleness_steps"] == 0  # every round committed
     assert 0.0 <= metrics["seconds_since_commit"] < 30
     assert 0.0 < metrics["utilization"] < 1.0

@@ -115,7 +115,7 @@ def test_without_summary_json_the_events_give_the_timeline_and_its_changes_of_me
     from slowlink.ops.report import leader_changes_in, timeline_from_events
 
     def committed(time_, round_, merger):
-        return {"time": time_, "kind": "round_committed", "node": merger,
+        return {"time": time_, "kind": "round_merged", "node": merger,
                 "data": {"fragment": 0, "round": round_, "contributors": ["a", "b"], "rejected": {}}}  # fmt: skip
 
     events = [committed(1.0, 1, "a"), committed(2.0, 2, "a"), committed(2.0, 2, "a"), committed(9.0, 3, "b")]

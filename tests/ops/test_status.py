@@ -44,7 +44,7 @@ def test_status_of_a_finished_directory_run_shows_every_departed_node_with_the_t
         node = nodes[mine.node]
         assert node["state"] == "departed" and node["step"] is None
         # Every contribution was merged (quorum of both, flushed on close): the run's totals are the node's.
-        assert mine.contributions_late == mine.contributions_rejected == mine.steps_unmerged == 0
+        assert mine.contributions_late == mine.contributions_rejected == mine.steps_dropped == 0
         assert node["contributions"] == mine.contributions_sent
         assert node["steps_merged"] == mine.step == 20
         assert node["samples_merged"] == mine.samples == 80

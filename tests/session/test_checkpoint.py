@@ -312,7 +312,7 @@ def test_a_contribution_published_after_the_save_and_still_open_is_taken_as_the_
         wait_for(lambda: read_commit(mailbox, 0, 2) is not None, "round 2 of fragment 0")
     # Round 2 holds the checkpoint's 4 steps of fragment 0: none of them is left to send on leaving (had
     # they been carried, 4 would be), only fragment 1's step 10.
-    assert session.stats.steps_unmerged == 1
+    assert session.stats.steps_dropped == 1
     assert [(c["node"], c["steps"]) for c in read_commit(mailbox, 0, 2)["contributors"]] == [("a", 6)]
     assert [e.data for e in events if e.kind == "checkpoint_behind"] == [
         {"fragment": 0, "round": 2, "steps": 2}

@@ -51,7 +51,7 @@ def test_h_greater_than_one_equals_parameter_averaging_every_h_steps():
                 p.copy_(torch.stack(qs).mean(dim=0))
     for model in models:
         torch.testing.assert_close(flat(model), flat(average), atol=1e-6, rtol=0)
-    assert [s.rounds_committed for s in stats] == [steps // sync_every] * nodes
+    assert [s.commits_applied for s in stats] == [steps // sync_every] * nodes
     assert sum(s.rounds_merged for s in stats) == steps // sync_every
 
 

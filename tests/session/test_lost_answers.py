@@ -44,7 +44,7 @@ def test_a_contribution_whose_record_landed_with_its_answer_lost_counts_once():
             sgd_step(replica, batch, 0.1)
             session.step(samples=4)
     assert mailbox.failed == [keys.contribution(0, 1, "n")]
-    assert session.stats.contributions_late == 0 and session.stats.rounds_committed == 3
+    assert session.stats.contributions_late == 0 and session.stats.commits_applied == 3
     for ours, plain in zip(model.parameters(), replica.parameters(), strict=True):
         torch.testing.assert_close(ours, plain, atol=1e-6, rtol=0)
 

@@ -95,7 +95,7 @@ def test_steps_trained_after_the_last_sync_are_counted_as_dropped_or_published_w
             for batch in batches(0, 7):
                 sgd_step(model, batch, 0.1)
                 session.step(samples=4)
-        assert session.stats.steps_unmerged == dropped
+        assert session.stats.steps_dropped == dropped
         assert [e.data["steps"] for e in events if e.kind == "steps_dropped"] == (
             [dropped] if dropped else []
         )
@@ -117,7 +117,7 @@ def test_flush_on_close_also_publishes_steps_trained_while_the_last_round_was_in
         for batch in batches(0, 5):
             sgd_step(model, batch, 0.1)
             session.step(samples=4)
-    assert session.stats.steps_unmerged == 0
+    assert session.stats.steps_dropped == 0
     final = read_commit(mailbox, 0, 2)
     assert final["flush_only"] and [c["steps"] for c in final["contributors"]] == [1]
     assert not [e for e in events if e.kind == "steps_dropped"]
@@ -138,7 +138,7 @@ def test_zstd_and_f4_contributions_are_merged_like_any_other():
                 payload_keys = [i.key for i in mailbox.list("rounds/") if not i.key.endswith(".json")]
                 data = mailbox.get(payload_keys[0]).data
                 assert is_compressed(data) and payload.read_header(data)["encoding"] == "F4"
-    assert session.stats.rounds_committed == 2 and session.stats.contributions_rejected == 0
+    assert session.stats.commits_applied == 2 and session.stats.contributions_rejected == 0
     assert [c["node"] for c in read_commit(mailbox, 0, 2)["contributors"]] == ["n"]
 
 
@@ -155,7 +155,7 @@ def test_a_contribution_still_awaiting_its_commit_at_close_is_unconfirmed_not_dr
                 session.step(samples=4)
         stats = session.stats
         # The sync's 2 steps went out and may yet be merged; the step after it waited behind them, unpublished.
-        assert stats.steps_unconfirmed == 2 and stats.steps_unmerged == 1
+        assert stats.steps_unconfirmed == 2 and stats.steps_dropped == 1
         [event] = [e for e in events if e.kind == "steps_unconfirmed"]
         assert event.data["rounds"] == [(0, 1)]
         assert mailbox.get(keys.contribution(0, 1, "busy")) is not None  # still there for a later commit

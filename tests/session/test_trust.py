@@ -40,7 +40,7 @@ def test_a_signed_run_trains_and_every_record_in_the_store_is_signed():
     mailbox = sl.MemoryMailbox()
     algorithm = sl.DiLoCo(sync_every=2, quorum_size=2, overlap_steps=0)
     models, stats = run_nodes(2, algorithm, mailbox, 8, run_key=KEY)
-    assert all(s.rounds_committed == 4 and s.contributions_rejected == 0 for s in stats)
+    assert all(s.commits_applied == 4 and s.contributions_rejected == 0 for s in stats)
     record_keys = [item.key for item in mailbox.list("") if item.key.endswith(".json")]
     assert {key.split("/")[0] for key in record_keys} >= {"run.json", "head.json", "commits"}
     view = signed_view(mailbox)

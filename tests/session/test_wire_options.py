@@ -38,7 +38,7 @@ def test_nodes_rebuild_every_commit_from_its_change_bit_for_bit_and_download_few
         runs[dtype] = (mailbox, events, models, stats)
     mailbox, events, models, stats = runs[commit_dtype]
     assert not [e for e in events if e.kind == "commit_change_refused"]
-    assert all(s.rounds_committed == 6 for s in stats)
+    assert all(s.commits_applied == 6 for s in stats)
     final = committed_model(mailbox)
     for model in models:  # every node, the merger and the one that rebuilt commits from changes alike
         np.testing.assert_array_equal(flat(model), final)
@@ -122,7 +122,7 @@ def one_block_run(error_feedback: bool, rounds: int, drift: np.ndarray) -> np.nd
             with torch.no_grad():
                 model.weight -= torch.from_numpy(drift)
             session.step()
-    assert session.stats.rounds_committed == rounds
+    assert session.stats.commits_applied == rounds
     return model.weight.detach().numpy().ravel().copy()
 
 

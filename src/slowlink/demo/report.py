@@ -22,8 +22,8 @@ from .run import DemoResult
 # Counters of work trained on a node that did not reach the model in its own round ("nothing lost" when
 # the first three stay at zero; a late contribution is carried into the next round, not lost). A counter
 # this version of Session does not keep is left out of the tables.
-LOSS_COUNTERS = ("steps_unmerged", "rounds_skipped", "contributions_rejected", "contributions_late")
-NODE_COUNTERS = ("step", "rounds_committed", "rounds_merged", "bytes_sent", "bytes_received", "requests")
+LOSS_COUNTERS = ("steps_dropped", "rounds_skipped", "contributions_rejected", "contributions_late")
+NODE_COUNTERS = ("step", "commits_applied", "rounds_merged", "bytes_sent", "bytes_received", "requests")
 
 
 class LiveView:
@@ -81,7 +81,7 @@ class LiveView:
                 f"{row['step']}/{self.steps}",
                 "" if row["loss"] is None else f"{row['loss']:.3f}",
                 f"{row['heldout']:.3f}" if "heldout" in row else "",
-                str(stats.get("rounds_committed", "-")),
+                str(stats.get("commits_applied", "-")),
                 decimal(stats["bytes_sent"]) if "bytes_sent" in stats else "-",
                 decimal(stats["bytes_received"]) if "bytes_received" in stats else "-",
             )
@@ -128,7 +128,7 @@ def summary_table(result: DemoResult) -> Table:
         ("bytes sent", decimal(_total(result, "bytes_sent")), "0"),
         ("bytes sent by data-parallel training", decimal(_data_parallel_bytes(result)), "0"),
         ("bytes received", decimal(_total(result, "bytes_received")), "0"),
-        ("rounds committed", " / ".join(str(s.get("rounds_committed", 0)) for s in dist.stats.values()), "-"),
+        ("rounds committed", " / ".join(str(s.get("commits_applied", 0)) for s in dist.stats.values()), "-"),
     ]
     rows += [
         (name.replace("_", " "), str(_total(result, name)), "-") for name in _counters(result, LOSS_COUNTERS)

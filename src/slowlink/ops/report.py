@@ -3,7 +3,7 @@ rounds and their contributors over time, bytes per node, stalls and leader chang
 loss where the nodes logged it in events files. Plots are inline PNGs; the page loads nothing.
 
 The figures come from the store (status.py: summary.json, the newest commits, the leases) and, where
-the store keeps no history (no summary.json yet), from the events files' round_committed lines.
+the store keeps no history (no summary.json yet), from the events files' round_merged lines.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def timeline_from_events(events: list[dict]) -> list[list]:
     seen = {}
     for event in events:
         data = event.get("data") or {}
-        if event.get("kind") == "round_committed" and isinstance(data.get("round"), int):
+        if event.get("kind") == "round_merged" and isinstance(data.get("round"), int):
             seen.setdefault((data.get("fragment"), data["round"]), [
                 float(event["time"]), data.get("fragment"), data["round"], list(data.get("contributors") or []),
                 len(data.get("rejected") or {}), event.get("node")])  # fmt: skip

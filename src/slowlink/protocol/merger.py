@@ -308,7 +308,7 @@ class Merger:
         self._summarize(record)
         self.outer_states[fragment] = (current.round, state)
         self._remember(fragment, record["contributors"])
-        self.emit(Event("round_committed", self.node_id,
+        self.emit(Event("round_merged", self.node_id,
                         f"fragment {fragment} round {current.round} from {len(accepted)} node(s)"
                         + (f", {len(current.rejected)} rejected" if current.rejected else ""),
                         {"fragment": fragment, "round": current.round, "contributors": sorted(accepted),
