@@ -123,19 +123,13 @@ def learner(config: DemoConfig, node: int, name: str, steps: int, mailbox: str |
 
 
 def _learn(config: DemoConfig, node: int, name: str, steps: int, mailbox: str | None, queue, start) -> None:
-    import torch  # imported here: the parent draws and never needs torch before the results
-
+    """The learner's life: set up, wait for the others, train (in a Session if distributed), report."""
     import slowlink as sl
 
     from .corpus import TrainWindows, heldout_windows, load_corpus
     from .model import build_model, evaluate, lr_at, make_optimizer, train_step
 
-    # One thread per learner: the demo's processes share the machine's cores fairly.
-    torch.set_num_threads(1)
-    # Events reach the parent through the queue; logging them too would draw over its live table.
-    logging.getLogger("slowlink").addHandler(logging.NullHandler())
-    logging.getLogger("slowlink").propagate = False
-
+    _share_the_machine_quietly()
     corpus = load_corpus()
     model = build_model(config.model, seed=config.seed)  # the same initial model on every node
     optimizer = make_optimizer(model)
@@ -144,9 +138,6 @@ def _learn(config: DemoConfig, node: int, name: str, steps: int, mailbox: str | 
     queue.put({"kind": "ready", "node": name})
     start.wait()
     cpu_at_start = time.process_time()  # this process's CPU time, every thread included
-
-    def on_event(event) -> None:
-        queue.put({"kind": "event", "node": name, "event": event.kind, "message": event.message})
 
     # Each distributed learner keeps its events and losses in a JSON-lines file: `slowlink report` plots them.
     events = events_path(config, name) if mailbox is not None else None
@@ -158,20 +149,7 @@ def _learn(config: DemoConfig, node: int, name: str, steps: int, mailbox: str | 
         if scalars is not None:
             scalars.scalars(node=name, step=step, heldout_loss=loss)
 
-    session = None
-    if mailbox is not None:
-        # flush_on_close: the steps trained after a fragment's last sync reach the final model too.
-        # quorum_size: every round waits for every node, as in DiLoCo; a node never waits for a round.
-        algorithm = sl.DiLoCo(
-            sync_every=config.sync_every,
-            fragments=config.fragments,
-            quorum_size=config.workers,
-            flush_on_close=True,
-        )
-        session = sl.Session(
-            model, algorithm=algorithm, mailbox=sl.DirMailbox(mailbox), node_id=name, on_event=on_event,
-            events_file=events,
-        )  # fmt: skip
+    session = _open_session(config, model, name, mailbox, events, queue) if mailbox is not None else None
     with session or contextlib.nullcontext():
         held_out(0)
         for step in range(1, steps + 1):
@@ -189,6 +167,38 @@ def _learn(config: DemoConfig, node: int, name: str, steps: int, mailbox: str | 
     final = dataclasses.asdict(session.stats) if session is not None else {}
     cpu = time.process_time() - cpu_at_start
     queue.put({"kind": "done", "node": name, "time": time.monotonic(), "cpu": cpu, "stats": final})
+
+
+def _share_the_machine_quietly() -> None:
+    """Set this learner process to one torch thread and no slowlink log output."""
+    import torch  # imported here: the parent draws and never needs torch before the results
+
+    # One thread per learner: the demo's processes share the machine's cores fairly.
+    torch.set_num_threads(1)
+    # Events reach the parent through the queue; logging them too would draw over its live table.
+    logging.getLogger("slowlink").addHandler(logging.NullHandler())
+    logging.getLogger("slowlink").propagate = False
+
+
+def _open_session(config: DemoConfig, model, name: str, mailbox: str, events: Path | None, queue):
+    """A distributed learner's Session over the DirMailbox at `mailbox`, relaying its events to the parent."""
+    import slowlink as sl
+
+    def on_event(event) -> None:
+        queue.put({"kind": "event", "node": name, "event": event.kind, "message": event.message})
+
+    # flush_on_close: the steps trained after a fragment's last sync reach the final model too.
+    # quorum_size: every round waits for every node, as in DiLoCo; a node never waits for a round.
+    algorithm = sl.DiLoCo(
+        sync_every=config.sync_every,
+        fragments=config.fragments,
+        quorum_size=config.workers,
+        flush_on_close=True,
+    )
+    return sl.Session(
+        model, algorithm=algorithm, mailbox=sl.DirMailbox(mailbox), node_id=name, on_event=on_event,
+        events_file=events,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -33,15 +33,31 @@ from .s3_answers import (
     quote_etag,
     strip_etag,
 )
-from .s3_options import Retries, Timeouts, make_client
+from .s3_options import CHECKSUM_MODES, Retries, Timeouts, check_client_options, make_client
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CHECKSUM_MODES", "Retries", "S3Mailbox", "Timeouts"]  # Retries, Timeouts: from s3_options
+# CHECKSUM_MODES, Retries, Timeouts: from s3_options
+__all__ = ["CHECKSUM_MODES", "Retries", "S3Mailbox", "Timeouts"]
 
-CHECKSUM_MODES = ("when_supported", "when_required")
 DELETE_BATCH = 1000  # DeleteObjects takes at most this many keys per request
 _RETRIES, _TIMEOUTS = Retries(), Timeouts()  # the defaults (frozen values)
+
+
+def _checked_prefix(bucket: str, prefix: str) -> str:
+    """`prefix` without its outer '/'s, once `bucket` is a bucket name and `prefix` is a key or ''."""
+    if not isinstance(bucket, str) or not bucket or any(c.isspace() or c == "/" for c in bucket):
+        raise ConfigError(f"S3Mailbox bucket {bucket!r} is not a bucket name; pass one like 'my-training'")
+    stripped = prefix.strip("/")
+    if stripped:
+        try:
+            check_key(stripped)
+        except ConfigError:
+            raise ConfigError(
+                f"S3Mailbox prefix {prefix!r} is not allowed: use '/'-separated parts of letters, digits, "
+                "'.', '_' and '-', e.g. 'runs/run-1'"
+            ) from None
+    return stripped
 
 
 class S3Mailbox:
@@ -67,35 +83,11 @@ class S3Mailbox:
         addressing_style: str | None = None,
     ) -> None:
         self._arguments = {name: value for name, value in locals().items() if name != "self"}  # for copies
-        if not isinstance(bucket, str) or not bucket or any(c.isspace() or c == "/" for c in bucket):
-            raise ConfigError(
-                f"S3Mailbox bucket {bucket!r} is not a bucket name; pass one like 'my-training'"
-            )
-        self.prefix = prefix.strip("/")
-        if self.prefix:
-            try:
-                check_key(self.prefix)
-            except ConfigError:
-                raise ConfigError(
-                    f"S3Mailbox prefix {prefix!r} is not allowed: use '/'-separated parts of letters, digits, "
-                    "'.', '_' and '-', e.g. 'runs/run-1'"
-                ) from None
-        if request_checksums not in CHECKSUM_MODES:
-            raise ConfigError(
-                f"S3Mailbox request_checksums={request_checksums!r} must be one of {CHECKSUM_MODES}; "
-                "'when_required' is what Hugging Face Storage Buckets need"
-            )
-        if not isinstance(max_concurrency, int) or max_concurrency < 1:
-            raise ConfigError(f"S3Mailbox max_concurrency={max_concurrency!r} must be an integer >= 1")
-        if endpoint_url is not None and not endpoint_url.startswith(("http://", "https://")):
-            raise ConfigError(
-                f"S3Mailbox endpoint_url={endpoint_url!r} must start with http:// or https://, "
-                "e.g. 'http://127.0.0.1:9000' for MinIO"
-            )
-        if addressing_style not in (None, "auto", "path", "virtual"):
-            raise ConfigError(
-                f"S3Mailbox addressing_style={addressing_style!r} must be 'auto', 'path' or 'virtual'"
-            )
+        self.prefix = _checked_prefix(bucket, prefix)
+        check_client_options(
+            endpoint_url=endpoint_url, request_checksums=request_checksums,
+            max_concurrency=max_concurrency, addressing_style=addressing_style,
+        )  # fmt: skip
         self.bucket, self.endpoint_url, self.region = bucket, endpoint_url, region
         self.request_checksums, self.max_concurrency = request_checksums, max_concurrency
         self.retries = Retries(attempts=retries) if isinstance(retries, int) else retries

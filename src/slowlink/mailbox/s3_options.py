@@ -1,5 +1,5 @@
 """How S3Mailbox connects and waits: its retry policy and timeouts (values given to its constructor),
-and the botocore client built from its options.
+and the botocore client built from its options, with the checks those options pass first.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from ..errors import ConfigError
 
 _LOADER: botocore.loaders.Loader | None = None  # shared by all mailboxes' clients, see make_client
 _LOADER_LOCK = threading.Lock()
+
+CHECKSUM_MODES = ("when_supported", "when_required")  # the values of request_checksums
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +60,28 @@ class Timeouts:
     def __post_init__(self) -> None:
         if not (self.connect > 0 and self.read > 0):
             raise ConfigError(f"Timeouts(connect={self.connect}, read={self.read}) must both be > 0 seconds")
+
+
+def check_client_options(
+    *, endpoint_url: str | None, request_checksums: str, max_concurrency: int, addressing_style: str | None
+) -> None:
+    """Raise ConfigError, naming the option, unless each option make_client takes has an accepted value."""
+    if request_checksums not in CHECKSUM_MODES:
+        raise ConfigError(
+            f"S3Mailbox request_checksums={request_checksums!r} must be one of {CHECKSUM_MODES}; "
+            "'when_required' is what Hugging Face Storage Buckets need"
+        )
+    if not isinstance(max_concurrency, int) or max_concurrency < 1:
+        raise ConfigError(f"S3Mailbox max_concurrency={max_concurrency!r} must be an integer >= 1")
+    if endpoint_url is not None and not endpoint_url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"S3Mailbox endpoint_url={endpoint_url!r} must start with http:// or https://, "
+            "e.g. 'http://127.0.0.1:9000' for MinIO"
+        )
+    if addressing_style not in (None, "auto", "path", "virtual"):
+        raise ConfigError(
+            f"S3Mailbox addressing_style={addressing_style!r} must be 'auto', 'path' or 'virtual'"
+        )
 
 
 def make_client(
