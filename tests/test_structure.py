@@ -8,10 +8,12 @@ import slowlink as sl
 
 PACKAGE = Path(sl.__file__).parent
 
-# DESIGN.md's layers, bottom first. errors.py, arrays.py and events.py are shared vocabulary, below everything.
+# DESIGN.md's layers, bottom first. errors.py, arrays.py, clock.py and events.py are shared vocabulary, below
+# everything. The engine (the driver and the channel interface) sits on the methods; the mailbox channel
+# (protocol), the collective channel and the simulator each sit on the engine, so none copies the round logic.
 # plan (the utilization planner) is pure arithmetic: it needs only errors, and cli imports it.
-LAYERS = ["errors", "arrays", "events", "metrics", "plan", "frameworks", "mailbox", "wire", "algorithms", "sim", "collective",
-          "protocol", "session", "checkpoint", "ops", "demo", "cli"]  # fmt: skip
+LAYERS = ["errors", "arrays", "clock", "events", "metrics", "plan", "frameworks", "mailbox", "wire", "algorithms",
+          "engine", "protocol", "collective", "sim", "session", "checkpoint", "ops", "demo", "cli"]  # fmt: skip
 
 
 def layer_of(module: str) -> str:

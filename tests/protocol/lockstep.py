@@ -13,13 +13,13 @@ from unittest import mock
 import numpy as np
 
 from slowlink.algorithms.diloco import DiLoCo
+from slowlink.clock import VirtualClock
+from slowlink.engine.channel import Contribution
 from slowlink.errors import MailboxError, PayloadError, PreconditionFailed
 from slowlink.mailbox.faulty import Faulty
 from slowlink.mailbox.memory import MemoryMailbox
 from slowlink.protocol import run as run_module
-from slowlink.protocol.courier import Contribution, Courier, NodeStatus
-from slowlink.protocol.leader import Leadership, Liveness
-from slowlink.protocol.merger import Merger
+from slowlink.protocol.courier import Courier, NodeStatus
 from slowlink.protocol.run import Run, newest_params, open_run, read_head
 
 FRAGMENTS = 2
@@ -110,16 +110,6 @@ class Crash(BaseException):
     BaseException, so that no `except` in the protocol takes it for a failed request."""
 
 
-class FakeClock:
-    """A node's monotonic clock, moved only by the test: leases expire and grace windows end on demand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class LockstepMailbox:
     """What one node talks to: every request first parks the node until the test lets it go on."""
 
@@ -154,7 +144,9 @@ class Node:
     def __init__(self, node_id: str, store: Faulty, world: World) -> None:
         self.node_id, self.world = node_id, world
         self.mailbox = LockstepMailbox(self, store)
-        self.clock = FakeClock()  # a restarted process runs on the same machine: its clock goes on
+        # A node's clock, moved only by the test: leases expire and grace windows end on demand. A restarted
+        # process runs on the same machine: its clock goes on.
+        self.clock = VirtualClock(1000.0)
         self.life = 0
         self.courier: Courier | None = None
         self.anchors: dict[int, tuple[int, dict]] = {}  # fragment -> the commit its training thread holds
@@ -213,15 +205,10 @@ class Node:
             status=lambda: NodeStatus(0, 0, 0.5),
             poll_seconds=1.0,
             lease_seconds=LEASE,
-            encoding="F32",
             compression=None,
+            clock=self.clock,
+            beat_seconds=0.0,  # a beat every turn: the test, not the time between turns, decides what is live
         )
-        # Courier takes no clock: its parts get this node's fake clock in place of the real one. It beats on
-        # every turn, as beats timed on the real clock would make a run depend on the machine's speed.
-        courier.leadership = Leadership(mailbox, self.node_id, LEASE, self.clock)
-        courier.liveness = Liveness(LEASE, self.clock)
-        courier.merger = Merger(mailbox, run, algorithm, self.node_id, courier.emit, self.clock)
-        courier.beat_seconds = 0.0
         self.courier, self.anchors, self.contributed = courier, dict(latest), {}
 
     # The test's side.
@@ -277,7 +264,7 @@ class Node:
             final=final,
             step_seconds=0.5,
         )
-        self.courier.outbox.put(contribution)
+        self.courier.publish(contribution)
         self.contributed[fragment] = version
 
     def train(self, final: bool) -> None:

@@ -82,7 +82,7 @@ def play(world: World, moves: list[tuple]) -> None:
         elif kind == "contribute":
             node.contribute(*args)
         elif kind == "sleep":
-            node.clock.now += args[0]
+            node.clock.advance(args[0])
         elif kind == "crash":
             node.crash()
         if sum(n.courier is not None and n.courier.leadership.is_leader for n in world.nodes) > 1:

@@ -123,7 +123,7 @@ def test_a_failed_read_while_learning_a_contributions_fate_loses_neither_the_com
     # Node n saw neither commit: it still holds version 0 and awaits its round-1 contribution's fate.
     courier = Courier(mailbox, run, algorithm, "n", {0: (0, initial)}, emit=lambda event: None,
                       status=lambda: NodeStatus(0, 0, 0.0), poll_seconds=1.0, lease_seconds=60.0,
-                      encoding="F32", compression=None)  # fmt: skip
+                      compression=None)  # fmt: skip
     courier.sent[0] = (1, mine)
     mailbox.armed = keys.commit(0, 1)  # reading commit 1 (the fate) fails once, after commit 2 was fetched
     with pytest.raises(MailboxUnavailable):

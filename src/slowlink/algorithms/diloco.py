@@ -6,11 +6,16 @@ fragments=1, overlap_steps=0 and quorum_size equal to the node count it is stand
 (research/algorithms.md §1–§3). `to_dict()` is what run.json records and every joiner compares.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from ..arrays import Arrays
 from ..errors import ConfigError
 from .merge import MergeRule, WeightedMean
-from .outer import OuterOptimizer, outer_nesterov
+from .method import Rounds, WireOptions
+from .outer import OuterOptimizer, OuterState, outer_nesterov
 from .partition import BalancedBytes, Schema, Strided
 from .schedule import fragment_offsets
 
@@ -119,6 +124,44 @@ class DiLoCo:
 
     def outer_optimizer(self) -> OuterOptimizer:
         return outer_nesterov(self.outer_lr, self.outer_momentum, nesterov=self.nesterov)
+
+    # ---- the engine's members (algorithms/method.py) ------------------------------------------------
+
+    def rounds(self, fragments: int) -> Rounds:
+        return Rounds(
+            sync_every=self.sync_every, offsets=tuple(self.offsets(fragments)), in_flight=self.max_in_flight,
+            overlap_steps=self.overlap_steps, mixing=self.mixing, quorum_size=self.quorum_size,
+            grace_seconds=self.grace_seconds, max_norm_ratio=self.max_norm_ratio,
+            flush_on_close=self.flush_on_close, global_batch_size=self.global_batch_size,
+        )  # fmt: skip
+
+    def wire(self) -> WireOptions:
+        return WireOptions(
+            delta_dtype=self.delta_dtype, commit_dtype=self.commit_dtype, error_feedback=self.error_feedback
+        )
+
+    def weight(self, samples: int, steps: int) -> float:
+        return self.merge.weight(samples, steps)
+
+    def combine(self, contributions: Iterable[tuple[Arrays, float]]) -> Arrays:
+        return self.merge.merge(contributions)
+
+    def init_state(self, anchor: Arrays) -> Arrays:
+        """The Nesterov buffer, zero; none without momentum (its buffer would always be Δ)."""
+        if self.outer_momentum == 0:
+            return {}
+        return {name: np.zeros_like(values, dtype=np.float32) for name, values in anchor.items()}
+
+    def outer_step(
+        self, delta: Arrays, state: Arrays, anchor: Arrays, *, flush_only: bool
+    ) -> tuple[Arrays, Arrays]:
+        """Outer Nesterov on the merged Δ; a round of final contributions only applies Δ once, momentum
+        untouched."""
+        use_momentum = self.outer_momentum > 0 and not flush_only
+        params, after = self.outer_optimizer().update(
+            delta, OuterState(state), anchor, use_momentum=use_momentum
+        )
+        return params, after.momentum
 
     def to_dict(self) -> dict:
         """The canonical configuration: what every node of one run must agree on."""

@@ -28,6 +28,7 @@ class OuterOptimizer(NamedTuple):
 
 def outer_nesterov(lr: float, momentum: float, *, nesterov: bool = True) -> OuterOptimizer:
     """Outer SGD with momentum; `nesterov=False` gives heavy-ball: θ ← θ_anchor − η·b."""
+    mu, eta = np.float32(momentum), np.float32(lr)
 
     def init(params: Arrays) -> OuterState:
         return OuterState({name: np.zeros_like(values, dtype=np.float32) for name, values in params.items()})
@@ -35,20 +36,14 @@ def outer_nesterov(lr: float, momentum: float, *, nesterov: bool = True) -> Oute
     def update(
         delta: Arrays, state: OuterState, anchor: Arrays, *, use_momentum: bool = True
     ) -> tuple[Arrays, OuterState]:
-        """(θ, state') from Δ, the state and the anchor. Δ and the state are consumed: θ is computed in Δ's
-        buffers and the momentum updated in place, so a merger holds one fragment for Δ and θ together and
-        one momentum buffer. The anchor is only read."""
-        for name, step in delta.items():
-            if use_momentum:  # a flush-only round applies Δ once and leaves the buffer as it was
-                buffer = state.momentum[name]
-                buffer *= np.float32(momentum)
-                buffer += step  # b ← μ·b + Δ
-                if nesterov:
-                    step += np.float32(momentum) * buffer  # Δ + μ·b
-                else:
-                    step[...] = buffer
-            step *= np.float32(-lr)
-            step += anchor[name]  # θ = θ_anchor − η·(direction)
-        return delta, state
+        """(θ, state') from Δ, the state and the anchor, all only read. A flush-only round applies Δ once
+        and returns the state as it was."""
+        if not use_momentum:
+            return {name: anchor[name] - eta * step for name, step in delta.items()}, state
+        buffers = {name: mu * state.momentum[name] + step for name, step in delta.items()}  # b ← μ·b + Δ
+        directions = (
+            {name: step + mu * buffers[name] for name, step in delta.items()} if nesterov else buffers
+        )
+        return {name: anchor[name] - eta * directions[name] for name in delta}, OuterState(buffers)
 
     return OuterOptimizer(init, update)

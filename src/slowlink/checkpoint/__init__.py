@@ -34,13 +34,13 @@ def save(path: str | os.PathLike, session: Session, optimizer: object = None, *,
     """Write `session`'s place in the run and `optimizer`'s state to `path`, atomically: a crash mid-save
     leaves the previous file. Call it between steps, right after session.step(). A contribution still being
     uploaded is waited for, at most `upload_timeout` seconds (MailboxUnavailable after, nothing written)."""
-    if session._state != "open":
+    if not session.is_open:
         raise SessionStateError("sl.checkpoint.save needs an open session: call it inside its `with` block")
     header, arrays = capture(session, upload_timeout)
     tensors: dict = {}
     header["optimizer"] = None if optimizer is None else optimizer_to_json(optimizer, tensors)
     write_atomically(Path(path), arrays, tensors, {"format": FORMAT, "checkpoint": json.dumps(header)})
-    session._emit(Event("checkpoint_saved", session.node_id, f"saved step {header['step']} to {path}",
+    session.node.emit(Event("checkpoint_saved", session.node_id, f"saved step {header['step']} to {path}",
                         {"step": header["step"], "path": str(path)}))  # fmt: skip
 
 
@@ -48,7 +48,7 @@ def load(path: str | os.PathLike, session: Session, optimizer: object = None) ->
     """Resume the node saved in `path` in `session`, freshly entered and not yet stepped; restore `optimizer`'s
     state too. Returns the number of steps the node had trained: continue the training loop from there.
     A file of another run, node, model or optimizer is refused, and then nothing changes."""
-    if session._state != "open" or session._step or session._in_flight:
+    if not session.is_open or session.node.state.step or session.node.state.in_flight():
         raise SessionStateError("sl.checkpoint.load needs a session that has not stepped yet: call it right "
                                 "after entering `with sl.Session(...)`, before the first session.step()")  # fmt: skip
     path = Path(path)

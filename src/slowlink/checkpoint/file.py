@@ -117,7 +117,7 @@ def check_identity(path: Path, header: dict, session: Session) -> None:
     if len(header["fragments"]) != fragments or not set(header["owed"]) <= set(range(fragments)):
         raise PayloadError(f"{path} holds {len(header['fragments'])} fragments; the run has {fragments}")
     for q, entry in enumerate(header["fragments"]):
-        held = session._anchors[q][0]
+        held = session.node.anchors[q][0]
         if entry["anchor"] > held:
             raise ConfigError(
                 f"{path} anchors fragment {q} at round {entry['anchor']}, but the run's newest commit of it is "

@@ -5,12 +5,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..algorithms import rounds as rounds_
+from ..algorithms.rounds import Flight
 from ..arrays import Arrays
+from ..engine.channel import Contribution
+from ..engine.node import Outgoing
 from ..events import Event
 from ..protocol import keys, records
-from ..protocol.courier import Contribution
 from ..protocol.run import read_commit
-from ..session import Session, _InFlight
+from ..session import Session
 
 SCAN_ROUNDS = 8  # commits after the checkpoint searched for a contribution this node published after the save
 NO_ROUND = 1 << 62  # a round no commit reaches: the courier attributes no commit to it
@@ -25,7 +28,8 @@ class Resume:
     pending_steps: int
     pending_samples: int
     residual: Arrays | None
-    flight: _InFlight | None = None  # a contribution whose round is open
+    flight: Flight | None = None  # a contribution whose round is open
+    outgoing: Outgoing | None = None  # its arrays
     flight_residual: Arrays | None = None
     send_again: bool = False  # the contribution never reached the store
     told: str = ""
@@ -46,9 +50,9 @@ def plan_fragment(session: Session, q: int, entry: dict, arrays: Arrays, saved_s
         record = read_commit(mailbox, q, r)
         if record is None:
             stored = stored_contribution(mailbox, q, r, node)
-            restored = _InFlight(r, flight["snapshot_step"], flight["steps"], flight["samples"], flight_delta,
-                                 uploaded=True, blob=stored["blob"] if stored else None)  # fmt: skip
-            return Resume(q, delta, steps, samples, residual, restored, flight_residual, send_again=not stored,
+            restored = Flight(r, flight["snapshot_step"], flight["steps"], flight["samples"])
+            arrays_ = Outgoing(r, flight_delta, uploaded=True, blob=stored["blob"] if stored else None)
+            return Resume(q, delta, steps, samples, residual, restored, arrays_, flight_residual, send_again=not stored,
                           told=f"round {r} in flight" + ("" if stored else ", sent again"))  # fmt: skip
         if contributed(record, node, flight["blob"]):
             delta = {name: delta[name] - flight_delta[name] for name in names}
@@ -65,8 +69,9 @@ def plan_fragment(session: Session, q: int, entry: dict, arrays: Arrays, saved_s
             later = stored_contribution(mailbox, q, round_, node)
             if later is None:
                 break
-            ghost = _InFlight(round_, saved_step, steps, samples, delta, uploaded=True, blob=later["blob"])
-            return Resume(q, delta, 0, 0, None, ghost, told=f"{told}round {round_} in flight, published after the save",
+            ghost = Flight(round_, saved_step, steps, samples)
+            arrays_ = Outgoing(round_, delta, uploaded=True, blob=later["blob"])
+            return Resume(q, delta, 0, 0, None, ghost, arrays_, told=f"{told}round {round_} in flight, published after the save",
                           behind=(round_, max(0, later["steps"] - steps)))  # fmt: skip
         mine = [c for c in record["contributors"] if isinstance(c, dict) and c.get("node") == node]
         if mine:
@@ -86,29 +91,30 @@ def stored_contribution(mailbox, q: int, round_: int, node: str) -> dict | None:
 
 
 def apply(session: Session, header: dict, resumes: list[Resume]) -> None:
-    courier = session.courier
+    courier, node = session.courier, session.node
     for resume in resumes:
         q = resume.fragment
-        _, anchor = session._anchors[q]
+        _, anchor = node.anchors[q]
         session.adapter.assign({name: anchor[name] - resume.delta[name] for name in anchor})
-        session._pending_steps[q], session._pending_samples[q] = resume.pending_steps, resume.pending_samples
         if resume.residual is not None:
             courier.residual[q] = resume.residual
         else:
             courier.residual.pop(q, None)
-    session._step, session._samples = header["step"], header["samples"]
-    session._phase = schedule_step(session, header["schedule_step"], resumes) - session._step
-    session._owed = set(header["owed"])
+    node.state = rounds_.resumed(
+        node.state, step=header["step"], samples=header["samples"],
+        schedule_step=schedule_step(session, header["schedule_step"], resumes), owed=header["owed"],
+        pending=[(r.pending_steps, r.pending_samples) for r in resumes],
+    )  # fmt: skip
     for resume in resumes:
         if resume.flight is not None:
             restore_flight(session, resume)
     told = "; ".join(f"fragment {r.fragment}: {r.told}" for r in resumes)
-    session._emit(Event("checkpoint_loaded", session.node_id, f"resumed at step {header['step']} ({told})",
+    node.emit(Event("checkpoint_loaded", session.node_id, f"resumed at step {header['step']} ({told})",
                         {"step": header["step"]}))  # fmt: skip
     for resume in resumes:
         if resume.behind is not None:
             round_, steps = resume.behind
-            session._emit(Event("checkpoint_behind", session.node_id,
+            node.emit(Event("checkpoint_behind", session.node_id,
                                 f"fragment {resume.fragment}: this node published round {round_} after the "
                                 f"checkpoint was saved; the {steps} steps it trained after the save will be trained "
                                 "again and count twice. Save more often (e.g. at every sync)",
@@ -116,33 +122,37 @@ def apply(session: Session, header: dict, resumes: list[Resume]) -> None:
 
 
 def restore_flight(session: Session, resume: Resume) -> None:
-    q, flight, courier = resume.fragment, resume.flight, session.courier
-    assert flight is not None
-    session._in_flight[q] = flight
+    """Put the contribution back in flight; the courier learns what to await, or what became of it."""
+    q, flight, courier, node = resume.fragment, resume.flight, session.courier, session.node
+    assert flight is not None and resume.outgoing is not None
+    node.outgoing[q] = resume.outgoing
+    node.state = rounds_.with_flight(node.state, q, flight)
     if resume.flight_residual is not None:
         courier.residual_in_flight[q] = resume.flight_residual
     if resume.send_again:
         # Its round is open and its contribution never arrived. If the round commits before the courier
         # sends it, the courier drops it and the node carries its steps: it was not merged, so that is right.
-        _, anchor = session._anchors[q]
-        snapshot = {name: anchor[name] - flight.delta[name] for name in anchor}
-        courier.outbox.put(Contribution(fragment=q, step=flight.snapshot_step, base=flight.round - 1,
-                                        anchor=anchor, snapshot=snapshot, steps=flight.steps, samples=flight.samples,
-                                        final=False, step_seconds=0.0))  # fmt: skip
-        courier.wake.set()
+        _, anchor = node.anchors[q]
+        snapshot = {name: anchor[name] - resume.outgoing.arrays[name] for name in anchor}
+        courier.publish(Contribution(fragment=q, step=flight.snapshot_step, base=flight.round - 1, anchor=anchor,
+                                     snapshot=snapshot, steps=flight.steps, samples=flight.samples, final=False,
+                                     step_seconds=0.0))  # fmt: skip
         return
     # Its contribution is in the store: the courier says whether the commit holds it, if it knows the round.
     # It writes `latest` before it reads `sent`, and we write `sent` before we read `latest`: if we see the
     # commit not fetched yet, the courier will see our round when it fetches it.
-    courier.sent[q] = (flight.round, flight.blob)
+    courier.sent[q] = (flight.round, resume.outgoing.blob)
     if courier.latest[q][0] < flight.round:
         return
     record = read_commit(session.mailbox, q, flight.round)
-    flight.fate = (
-        "merged" if record is not None and contributed(record, session.node_id, flight.blob) else "missed"
+    fate = (
+        "merged"
+        if record is not None and contributed(record, session.node_id, resume.outgoing.blob)
+        else "missed"
     )
+    node.state = rounds_.with_flight(node.state, q, flight._replace(fate=fate))
     courier.sent[q] = (NO_ROUND, "")  # the courier may have missed ours: leave no round it would match later
-    if flight.fate == "merged" and resume.flight_residual is not None:
+    if fate == "merged" and resume.flight_residual is not None:
         courier.residual[q] = resume.flight_residual
     courier.residual_in_flight.pop(q, None)
 
@@ -151,9 +161,9 @@ def schedule_step(session: Session, saved: int, resumes: list[Resume]) -> int:
     """The node's own schedule step, moved on by whole syncs until no fragment falls due for a round that is
     committed or holds this node's contribution already (where nodes wait for rounds, such a sync would be
     skipped, again and again). Its fragments then fall due at the same steps as before, in phase with the run."""
-    sync_every, offsets = session.algorithm.sync_every, session._offsets
+    sync_every, offsets = session.rounds.sync_every, session.rounds.offsets
     taken = [
-        max(session._anchors[q][0], session.courier.latest[q][0], r.flight.round if r.flight else 0)
+        max(session.node.anchors[q][0], session.courier.latest[q][0], r.flight.round if r.flight else 0)
         for q, r in enumerate(resumes)
     ]
 

@@ -1,4 +1,5 @@
-"""The communication thread of a node: everything a session does with the mailbox after joining.
+"""The mailbox channel: a node's communication thread, everything a session does with the mailbox after
+joining (engine/channel.py is the interface it offers the driver).
 
 Each turn it uploads queued contributions, polls head.json with a conditional GET and fetches new
 commits, beats its lease, watches or renews the leadership, and, when it leads, tries to close each
@@ -9,15 +10,16 @@ alignments (new commits, and whether they hold this node's contribution) out.
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..algorithms.diloco import DiLoCo
+from ..algorithms.method import Method
 from ..algorithms.robust import l2_norm
 from ..arrays import Arrays
+from ..clock import REAL, Clock
+from ..engine.channel import Arrival, Contribution
 from ..errors import MailboxError, PayloadError, TrainingDiverged
 from ..events import Event
 from ..mailbox.contract import Mailbox
@@ -25,38 +27,10 @@ from ..wire import payload
 from ..wire.compress import compress
 from ..wire.error_feedback import encode_arrays_with_feedback
 from . import keys, records
-from .leader import Leadership, Liveness, beat_seconds
+from .leader import Leadership, Liveness
+from .leader import beat_seconds as beat_interval
 from .merger import Merger
 from .run import Run, advance_head, load_change, load_params, probe_newest, read_commit, read_head
-
-
-@dataclass
-class Contribution:
-    """From the training thread: a snapshot of one fragment and what it trained since its anchor."""
-
-    fragment: int
-    step: int  # the node's local step at the snapshot
-    base: int  # the commit version the snapshot's anchor is
-    anchor: Arrays
-    snapshot: Arrays
-    steps: int
-    samples: int
-    final: bool
-    step_seconds: float
-    prepared: tuple[bytes, str, float] | None = (
-        None  # (payload, sha256, norm) once encoded: a retry resends them
-    )
-
-
-@dataclass(frozen=True)
-class Alignment:
-    """To the training thread: fragment's newest commit; `mine` says what became of this node's
-    contribution awaiting it: "merged", "missed" (late or rejected), or None if there was none."""
-
-    fragment: int
-    version: int
-    params: Arrays
-    mine: str | None
 
 
 @dataclass(frozen=True)
@@ -71,7 +45,7 @@ class Courier:
         self,
         mailbox: Mailbox,
         run: Run,
-        algorithm: DiLoCo,
+        method: Method,
         node_id: str,
         latest: dict[int, tuple[int, Arrays]],
         *,
@@ -79,26 +53,29 @@ class Courier:
         status: Callable[[], NodeStatus],
         poll_seconds: float,
         lease_seconds: float,
-        encoding: str,
         compression: str | None,
+        clock: Clock = REAL,
+        beat_seconds: float | None = None,
     ) -> None:
-        self.mailbox, self.run, self.algorithm, self.node_id = mailbox, run, algorithm, node_id
+        """beat_seconds: how often the lease is renewed (default: a fraction of the lease, leader.py)."""
+        self.mailbox, self.run, self.method, self.node_id = mailbox, run, method, node_id
         self.latest = latest  # fragment -> (version, params): the newest commit this node holds
-        self.emit, self.status = emit, status
-        self.encoding, self.compression = encoding, compression
+        self.emit, self.status, self.clock = emit, status, clock
+        self.wire = method.wire()
+        self.encoding, self.compression = self.wire.delta_dtype or "F32", compression
         # Error feedback: fragment -> what this node's encoding has lost so far, and the residual after the
         # contribution in flight, which replaces it only once that contribution is merged.
         self.residual: dict[int, Arrays] = {}
         self.residual_in_flight: dict[int, Arrays] = {}
         self.poll_seconds, self.lease_seconds = poll_seconds, lease_seconds
-        self.beat_seconds = beat_seconds(lease_seconds)
+        self.beat_seconds = beat_seconds if beat_seconds is not None else beat_interval(lease_seconds)
         self.outbox: queue.Queue[Contribution] = queue.Queue()
-        self.inbox: queue.Queue[Alignment] = queue.Queue()
+        self.inbox: queue.Queue[Arrival] = queue.Queue()
         self.wake = threading.Event()
         self.failure: BaseException | None = None
-        self.leadership = Leadership(mailbox, node_id, lease_seconds)
-        self.liveness = Liveness(lease_seconds)
-        self.merger = Merger(mailbox, run, algorithm, node_id, emit)
+        self.leadership = Leadership(mailbox, node_id, lease_seconds, clock.now)
+        self.liveness = Liveness(lease_seconds, clock.now)
+        self.merger = Merger(mailbox, run, method, node_id, emit, clock.now)
         # fragment -> (round, payload sha) of this node's contribution awaiting its commit: the sha tells this
         # contribution from one of an earlier life of the node under the same id.
         self.sent: dict[int, tuple[int, str]] = {}
@@ -143,6 +120,27 @@ class Courier:
         if interrupted is not None:
             raise interrupted
 
+    # ---- the channel, as the driver sees it (engine/channel.py) --------------------------------------
+
+    def publish(self, contribution: Contribution) -> None:
+        self.outbox.put(contribution)
+        self.wake.set()
+
+    def arrivals(self) -> list[Arrival]:
+        found = []
+        while not self.inbox.empty():  # only this thread takes from it
+            found.append(self.inbox.get_nowait())
+        return found
+
+    def gather(self, deadline: float) -> Arrival | None:
+        try:
+            return self.inbox.get(timeout=max(0.0, deadline - self.clock.now()))
+        except queue.Empty:
+            return None
+
+    def newest(self) -> list[int]:
+        return list(self.head)
+
     def live_nodes(self, fresh: bool = False) -> set[str]:
         if fresh:
             self._observe_leases()
@@ -158,14 +156,14 @@ class Courier:
             except BaseException as error:  # a bug: hand it to the training thread, which raises it
                 self.failure = error
                 return
-            self.wake.wait(self.poll_seconds)
+            self.clock.wait(self.wake, self.poll_seconds)
             self.wake.clear()
 
     def turn(self) -> None:
         """One pass of the communication loop (also called directly by tests)."""
         self._send_contributions()
         self._poll_head()
-        if time.monotonic() - self._last_beat >= self.beat_seconds:
+        if self.clock.now() - self._last_beat >= self.beat_seconds:
             self._beat_lease()
         change = self.leadership.tick()
         if change == "elected":
@@ -241,7 +239,7 @@ class Courier:
         return data, payload.digest(data), norm
 
     def _encode(self, fragment: int, delta: Arrays, header: dict) -> bytes:
-        if self.algorithm.error_feedback:
+        if self.wire.error_feedback:
             encoded, self.residual_in_flight[fragment] = encode_arrays_with_feedback(
                 delta, self.residual.get(fragment), self.encoding
             )
@@ -300,7 +298,7 @@ class Courier:
         # delivers this commit again instead of losing what became of this node's contribution.
         mine = self._fate_of_mine(fragment, version, record)
         self.latest[fragment] = (version, params)
-        self.inbox.put(Alignment(fragment, version, params, mine))
+        self.inbox.put(Arrival(fragment, version, params, mine))
 
     def _fate_of_mine(self, fragment: int, version: int, record: dict) -> str | None:
         awaited = self.sent.get(fragment)
@@ -330,7 +328,7 @@ class Courier:
             "life": self.life,
         }
         self.mailbox.put(keys.node(self.node_id), records.encode(lease))
-        self._last_beat = time.monotonic()
+        self._last_beat = self.clock.now()
         self._observe_leases()
 
     def _observe_leases(self) -> None:

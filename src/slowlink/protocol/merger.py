@@ -7,7 +7,6 @@ grace window since the quorum has passed. Contributions are streamed into the me
 """
 
 import math
-import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -15,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..algorithms.diloco import DiLoCo
-from ..algorithms.outer import OuterState
+from ..algorithms import rounds as rounds_
+from ..algorithms.method import Method
 from ..algorithms.robust import bounded_claims, l2_norm, norm_outliers
 from ..arrays import Arrays
 from ..errors import MailboxError, PayloadError, PreconditionFailed
@@ -24,7 +23,16 @@ from ..events import Event
 from ..mailbox.contract import Mailbox
 from ..wire import payload
 from . import keys, records
-from .run import KEEP_COMMITS, Run, advance_head, get_blob, listed_etag, put_blob, read_commit
+from .run import (
+    Run,
+    advance_head,
+    collect_garbage,
+    get_blob,
+    listed_etag,
+    put_blob,
+    read_commit,
+    read_commit_twice,
+)
 from .summary import record_commit
 
 HISTORY = 16  # recent norms per fragment and samples per step per node kept for judging later rounds
@@ -56,21 +64,21 @@ class Merger:
         self,
         mailbox: Mailbox,
         run: Run,
-        algorithm: DiLoCo,
+        method: Method,
         node_id: str,
         emit: Callable[[Event], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.mailbox, self.run, self.algorithm, self.node_id = mailbox, run, algorithm, node_id
+        self.mailbox, self.run, self.method, self.node_id = mailbox, run, method, node_id
         self.emit, self.clock = emit, clock
-        self.outer = algorithm.outer_optimizer()
-        self.outer_states: dict[int, tuple[int, OuterState]] = {}
+        self.rounds, self.wire = method.rounds(len(run.plan)), method.wire()
+        self.outer_states: dict[int, tuple[int, Arrays]] = {}  # fragment -> (version, the method's state)
         self.open: dict[int, OpenRound] = {}
         self.head: list[int] = [0] * len(run.plan)
         self.recent_norms: dict[int, deque[float]] = {}
         self.recent_per_step: dict[str, deque[float]] = {}
         self.unreadable: dict[str, int] = {}  # commit key -> turns it failed its checks in (junk or squatted)
-        self._step_cap = STEP_CAP_ROUNDS * algorithm.sync_every
+        self._step_cap = STEP_CAP_ROUNDS * self.rounds.sync_every
 
     def step(
         self,
@@ -111,9 +119,8 @@ class Merger:
             if node in current.accepted or node in current.rejected:
                 continue
             try:
-                found = self.mailbox.get(
-                    key, max_bytes=records.READ_LIMIT
-                )  # with a run key, an unsigned or forged record fails here
+                # With a run key, an unsigned or forged record fails here.
+                found = self.mailbox.get(key, max_bytes=records.READ_LIMIT)
                 if found is None or found.data is None:
                     continue
                 record = records.decode(found.data, records.CONTRIBUTION_FIELDS, what=key)
@@ -122,7 +129,7 @@ class Merger:
                 self._reject(current, node, str(error))
                 continue
             current.accepted[node] = record
-        if current.quorum_at is None and len(current.accepted) >= self.algorithm.quorum_size:
+        if current.quorum_at is None and rounds_.quorum_reached(self.rounds, len(current.accepted)):
             current.quorum_at = self.clock()
 
     def _judge(self, record: dict, node: str, fragment: int, round_: int) -> None:
@@ -154,15 +161,11 @@ class Merger:
             # leases afresh, so that a node that joined a moment ago is waited for.
             return live_nodes(True) <= reported
         fresh, current.leases_read = not current.leases_read, True
-        return live_nodes(fresh) <= reported or self.clock() - current.quorum_at >= self._grace(current)
-
-    def _grace(self, current: OpenRound) -> float:
-        if self.algorithm.grace_seconds is not None:
-            return self.algorithm.grace_seconds
-        # Adaptive: half the steps between two fragment syncs, at the contributors' median step time.
-        spacing = max(1, self.algorithm.sync_every // len(self.run.plan))
-        step_seconds = statistics.median(record["step_seconds"] for record in current.accepted.values())
-        return min(30.0, 0.5 * spacing * step_seconds)
+        grace = rounds_.grace_seconds(
+            self.rounds, [record["step_seconds"] for record in current.accepted.values()]
+        )
+        return rounds_.closes(every_live_node_reported=live_nodes(fresh) <= reported,
+                              quorum_since=current.quorum_at, now=self.clock(), grace=grace)  # fmt: skip
 
     def _contributions(
         self, fragment: int, current: OpenRound, anchor_norm: float, weights: dict[str, float]
@@ -195,7 +198,7 @@ class Merger:
             found.data,
             expected_digest=sha,
             expect=self.run.expect(kind="delta", fragment=fragment, round=round_, node=node),
-            max_bytes=self.run.max_payload_bytes(fragment),
+            max_bytes=limit,
             expect_shapes=self.run.shapes(fragment),
         )
         if set(delta) != set(self.run.plan[fragment]):
@@ -211,7 +214,7 @@ class Merger:
         anchor_norm: float,
         steps: int,
     ) -> None:
-        factor = self.algorithm.max_norm_ratio
+        factor = self.rounds.max_norm_ratio
         if factor is None:
             return
         others = {other: value for other, value in reported.items() if other != node}
@@ -232,9 +235,9 @@ class Merger:
             claims, self.recent_per_step, max_steps=self._step_cap, ratio=MAX_CLAIM_RATIO
         )
         current.steps = {node: steps for node, (_, steps) in bounded.items()}
-        return {node: self.algorithm.merge.weight(*bounded[node]) for node in claims}
+        return {node: self.method.weight(*bounded[node]) for node in claims}
 
-    def _outer_state(self, fragment: int, version: int, anchor: Arrays) -> OuterState:
+    def _outer_state(self, fragment: int, version: int, anchor: Arrays) -> Arrays:
         held = self.outer_states.get(fragment)
         if held is not None and held[0] == version:
             return held[1]
@@ -244,17 +247,16 @@ class Merger:
         ):  # a new merger learns them from the store
             self._remember(fragment, record["contributors"])
         if record is None or record["outer_state"] is None:
-            return self.outer.init(anchor)
+            return self.method.init_state(anchor)
         data = get_blob(self.mailbox, record["outer_state"], self.run.max_payload_bytes(fragment))
-        momentum, _ = payload.unpack(
+        state, _ = payload.unpack(
             data,
             expected_digest=record["outer_state"],
             expect=self.run.expect(kind="outer", fragment=fragment, round=version),
             max_bytes=self.run.max_payload_bytes(fragment),
             expect_shapes=self.run.shapes(fragment),
         )
-        # Decoded arrays are read-only views of the payload; the outer step updates its buffers in place.
-        return OuterState({name: values.copy() for name, values in momentum.items()})
+        return state  # read-only views of the payload: the method's outer step only reads them
 
     def _remember(self, fragment: int, contributors: list[dict]) -> None:
         """Keep a commit's contributors' measured norms and samples per step, for judging later rounds."""
@@ -269,22 +271,18 @@ class Merger:
     def _commit(self, fragment: int, current: OpenRound, anchor: Arrays) -> Committed | None:
         version = current.round - 1
         state = self._outer_state(fragment, version, anchor)
-        # The outer step updates `state` in place: should this attempt fail, the next reads it from the store.
-        self.outer_states.pop(fragment, None)
         weights = self._weights(current)
         # An overflow is caught below, as a non-finite result, and has its own reason: numpy need not warn.
         with np.errstate(over="ignore", invalid="ignore"):
             try:
-                delta = self.algorithm.merge.merge(
-                    self._contributions(fragment, current, l2_norm(anchor), weights)
-                )
+                delta = self.method.combine(self._contributions(fragment, current, l2_norm(anchor), weights))
             except ValueError:
                 return None  # every payload failed its checks; the round stays open for others
             accepted = dict(current.accepted)  # what the merge consumed, less the payloads it rejected
             flush_only = all(record["final"] for record in accepted.values())
-            params, state = self.outer.update(delta, state, anchor, use_momentum=not flush_only)
+            params, state = self.method.outer_step(delta, state, anchor, flush_only=flush_only)
         del delta  # one fragment less held while the commit is written
-        if not _finite(params) or not _finite(state.momentum):
+        if not _finite(params) or not _finite(state):
             # Each payload was finite, but together they overflow: leave out the largest, try again next turn.
             largest = max(accepted, key=lambda node: current.norms.get(node, 0.0))
             self._reject(current, largest, "merging its Δ made the fragment's parameters non-finite")
@@ -292,12 +290,8 @@ class Merger:
         header = self.run.expect(fragment=fragment, round=current.round)
         params, change_sha = self._encode_change(params, anchor, header)
         params_sha = put_blob(self.mailbox, payload.pack(params, header | {"kind": "params"}))
-        # Without momentum the outer state is always zero: nothing to store.
-        outer_sha = (
-            put_blob(self.mailbox, payload.pack(state.momentum, header | {"kind": "outer"}))
-            if self.algorithm.outer_momentum > 0
-            else None
-        )
+        # A method that keeps no state (e.g. DiLoCo without momentum) stores none.
+        outer_sha = put_blob(self.mailbox, payload.pack(state, header | {"kind": "outer"})) if state else None
         record = {"fragment": fragment, "round": current.round, "params": params_sha, "outer_state": outer_sha,
                   "change": change_sha, "contributors": _contributors(accepted, weights, current.norms),
                   "rejected": [{"node": node, "reason": why} for node, why in sorted(current.rejected.items())],
@@ -313,7 +307,7 @@ class Merger:
                         + (f", {len(current.rejected)} rejected" if current.rejected else ""),
                         {"fragment": fragment, "round": current.round, "contributors": sorted(accepted),
                          "rejected": dict(current.rejected)}))  # fmt: skip
-        self._collect_garbage(fragment, current.round)
+        collect_garbage(self.mailbox, fragment, current.round)
         return Committed(fragment, current.round, params, record)
 
     def _summarize(self, record: dict) -> None:
@@ -340,7 +334,7 @@ class Merger:
             return True
         except PreconditionFailed:
             pass
-        existing = _read_twice(self.mailbox, fragment, round_)
+        existing = read_commit_twice(self.mailbox, fragment, round_)
         if existing == "unreadable":
             # Only on a second turn as well: two answers cut short in a row must not replace a real commit.
             self.unreadable[key] = self.unreadable.get(key, 0) + 1
@@ -368,11 +362,11 @@ class Merger:
         """With commit_dtype, publish the change Θ_new − Θ_old in that encoding beside the parameters, and
         commit exactly Θ_old + decode(change): then a node holding Θ_old rebuilds the commit bit for bit
         from the small change, and checks it against the parameters' digest. Returns (params, change sha)."""
-        if self.algorithm.commit_dtype is None:
+        if self.wire.commit_dtype is None:
             return params, None
         change = {name: params[name] - anchor[name] for name in params}
         try:
-            data = payload.pack(change, header | {"kind": "change"}, encoding=self.algorithm.commit_dtype)
+            data = payload.pack(change, header | {"kind": "change"}, encoding=self.wire.commit_dtype)
         except PayloadError as error:  # e.g. a change beyond F16's range: this commit goes out in full only
             self.emit(Event("commit_change_skipped", self.node_id, f"fragment {header['fragment']} round "
                             f"{header['round']}: {error}", {"fragment": header["fragment"], "round": header["round"]}))  # fmt: skip
@@ -380,16 +374,6 @@ class Merger:
         del change
         decoded, _ = payload.unpack(data)
         return {name: anchor[name] + decoded[name] for name in params}, put_blob(self.mailbox, data)
-
-    def _collect_garbage(self, fragment: int, round_: int) -> None:
-        """Drop the previous round's contributions and the blobs of commits KEEP_COMMITS back."""
-        stale = [listing.key for listing in self.mailbox.list(keys.round_folder(fragment, round_ - 1))]
-        old = round_ - KEEP_COMMITS
-        if old > 0 and (record := read_commit(self.mailbox, fragment, old)) is not None:
-            stale += [
-                keys.blob(record[field]) for field in ("params", "outer_state", "change") if record[field]
-            ]
-        self.mailbox.delete(stale)
 
 
 def _contributors(
@@ -406,14 +390,3 @@ def _contributors(
 
 def _finite(arrays: Arrays) -> bool:
     return all(np.isfinite(values).all() for values in arrays.values())
-
-
-def _read_twice(mailbox: Mailbox, fragment: int, round_: int) -> dict | None | str:
-    """The commit record at (fragment, round), None if absent, "unreadable" if it fails its checks on
-    two reads (one answer cut short on its way fails them once)."""
-    for _ in range(2):
-        try:
-            return read_commit(mailbox, fragment, round_)
-        except PayloadError:
-            continue
-    return "unreadable"

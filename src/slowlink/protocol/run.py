@@ -339,3 +339,23 @@ def load_newest(mailbox: Mailbox, run: Run) -> dict[int, tuple[int, Arrays]]:
                 raise
             time.sleep(0.1 * (attempt + 1))  # the commits we read were collected meanwhile: read head again
     raise AssertionError("unreachable")
+
+
+def read_commit_twice(mailbox: Mailbox, fragment: int, round_: int) -> dict | None | str:
+    """The commit record at (fragment, round), None if absent, "unreadable" if it fails its checks on
+    two reads (one answer cut short on its way fails them once)."""
+    for _ in range(2):
+        try:
+            return read_commit(mailbox, fragment, round_)
+        except PayloadError:
+            continue
+    return "unreadable"
+
+
+def collect_garbage(mailbox: Mailbox, fragment: int, round_: int) -> None:
+    """Drop the previous round's contributions and the blobs of commits KEEP_COMMITS back."""
+    stale = [listing.key for listing in mailbox.list(keys.round_folder(fragment, round_ - 1))]
+    old = round_ - KEEP_COMMITS
+    if old > 0 and (record := read_commit(mailbox, fragment, old)) is not None:
+        stale += [keys.blob(record[field]) for field in ("params", "outer_state", "change") if record[field]]
+    mailbox.delete(stale)

@@ -1,0 +1,12 @@
+"""slowlink.sim: M virtual workers in one process, on virtual clocks, over a modelled network, running the
+real method and engine code on real models (run.py); no threads, no sleeping. For example
+
+    result = sim.run(sl.DiLoCo(sync_every=50), make_model, batches, workers=4, step_seconds=[1, 1, 1, 2],
+                     network=sim.Network(bandwidth="100Mbps", latency="30ms"), steps=2000, seed=0)
+"""
+
+from .hub import CommitLog
+from .network import Network, Store
+from .run import SimResult, WorkerReport, run
+
+__all__ = ["CommitLog", "Network", "SimResult", "Store", "WorkerReport", "run"]
