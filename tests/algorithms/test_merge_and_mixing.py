@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from slowlink.algorithms.merge import WeightedMean, weighted_mean
-from slowlink.algorithms.mixing import blend, carry_change, carry_overlap_change
+from slowlink.algorithms.mixing import carry_change, carry_overlap_change
 
 
 def test_weighted_mean_weights_each_delta_by_its_samples():
@@ -24,12 +24,6 @@ def test_weighted_mean_refuses_an_empty_round():
 
 def test_weighted_mean_rule_uses_the_reported_samples_as_weight():
     assert WeightedMean().weight(samples=48, steps=3) == 48.0
-
-
-def test_blend_keeps_the_mixing_share_of_the_local_parameters():
-    # α = 0.25: 0.25·4 + 0.75·0 = 1
-    assert blend({"w": np.array([4.0])}, {"w": np.array([0.0])}, 0.25)["w"][0] == pytest.approx(1.0)
-    assert blend({"w": np.array([4.0])}, {"w": np.array([2.0])}, 0.0)["w"][0] == pytest.approx(2.0)
 
 
 def test_carry_moves_the_local_parameters_by_the_commits_change():

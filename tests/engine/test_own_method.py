@@ -172,5 +172,21 @@ def test_two_processes_over_a_directory_end_on_the_reference(tmp_path):
 
 
 # ---- C: the simulator (slowlink.sim) ----------------------------------------------------------------
-# TODO(test C): run ParameterAverage(every=EVERY, nodes=NODES) on NODES simulated nodes with the same
-# batches and lr, and assert_same(its final parameters, reference_average(EVERY, STEPS, NODES)).
+
+
+def test_the_simulator_ends_on_the_reference():
+    from slowlink import sim
+
+    data = {i: batches(i, STEPS) for i in range(NODES)}
+
+    def loss(model, batch):
+        x, y = batch
+        return ((model(x) - y) ** 2).mean()
+
+    result = sim.run(ParameterAverage(every=EVERY, nodes=NODES), tiny_mlp, lambda node, step: data[node][step],
+                     workers=NODES, steps=STEPS, loss=loss, optimizer=lambda p: torch.optim.SGD(p, lr=LR),
+                     network=sim.Network(bandwidth="10Mbps", latency="40ms"))  # fmt: skip
+    expected = reference_average(EVERY, STEPS, NODES)
+    for model in result.models:
+        assert_same(parameters(model), expected)
+    assert [len(commit.contributors) for commit in result.commits] == [NODES] * (STEPS // EVERY)

@@ -8,7 +8,8 @@ carry, for a commit without this node's contribution (late, rejected, or none se
     θ ← θ + (Θ_new − Θ_old)
 Carrying keeps every local step not yet merged; the next Δ, taken against Θ_new, holds them.
 The `*_change` functions yield the change to add to θ one tensor at a time, so an adapter applies it in
-place and no fragment-sized temporary exists.
+place and no fragment-sized temporary exists. A blend needs θ itself, which only the adapter holds: it is
+the adapter's `blend` (frameworks/base.py), in place.
 """
 
 from collections.abc import Iterator
@@ -16,10 +17,6 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..arrays import Arrays
-
-
-def blend(local: Arrays, committed: Arrays, mixing: float) -> Arrays:
-    return {name: mixing * local[name] + (1.0 - mixing) * committed[name] for name in committed}
 
 
 def carry_change(old_anchor: Arrays, new_anchor: Arrays) -> Iterator[tuple[str, np.ndarray]]:

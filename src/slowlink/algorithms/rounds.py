@@ -82,7 +82,9 @@ def start(rounds: Rounds, versions: list[int]) -> NodeState:
 
 def advance(state: NodeState, samples: int) -> NodeState:
     """One local step trained on `samples`."""
-    return state._replace(step=state.step + 1, samples=state.samples + samples)
+    # Built field by field rather than by _replace: this runs at every step, and _replace is slower.
+    return NodeState(state.step + 1, state.samples + samples, state.phase, state.versions, state.step_marks,
+                     state.sample_marks, state.flights, state.owed)  # fmt: skip
 
 
 def take_due(rounds: Rounds, state: NodeState) -> tuple[NodeState, Due]:

@@ -98,9 +98,8 @@ def run(
     (default len(batch[0])). Returns per worker its losses, compute, stalls, bytes and event counts."""
     import torch
 
+    _check_run(method, workers, steps, jitter)
     speeds = _per_worker("step_seconds", step_seconds, workers)
-    if not 0 <= jitter < 1:
-        raise ConfigError(f"jitter={jitter!r} must be in [0, 1): a step's time varies by at most that share")
     network = network if network is not None else Network()
     network.check_workers(workers)
     loss = loss if loss is not None else _default_loss
@@ -251,6 +250,19 @@ def _counter(report: WorkerReport):
 def _default_loss(model, batch):
     out = model(*batch)
     return out[-1] if isinstance(out, tuple) else out
+
+
+def _check_run(method: object, workers: object, steps: object, jitter: object) -> None:
+    if not isinstance(method, Method):
+        raise ConfigError(f"{method!r} is not a slowlink method: pass e.g. sl.DiLoCo(sync_every=100)")
+    for name, value in (("workers", workers), ("steps", steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}={value!r} must be a positive integer")
+    if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not 0 <= jitter < 1:
+        raise ConfigError(f"jitter={jitter!r} must be in [0, 1): a step's time varies by at most that share")
+    if method.wire().error_feedback:
+        raise ConfigError("the simulator does not model error_feedback yet: simulate without it (its effect on "
+                          "the loss is small next to the encoding's)")  # fmt: skip
 
 
 def _per_worker(option: str, value: float | list[float], workers: int) -> list[float]:

@@ -9,6 +9,7 @@ no feedback; GradientMail drops the error too). The residual is the node's own s
 
 import numpy as np
 
+from ..arrays import Arrays
 from .encodings import Encoding, get_encoding
 
 
@@ -27,8 +28,8 @@ def error_feedback_encode(
 
 
 def encode_arrays_with_feedback(
-    arrays: dict[str, np.ndarray], residual: dict[str, np.ndarray] | None, encoding: str
-) -> tuple[dict[str, tuple[tuple[int, ...], dict[str, np.ndarray]]], dict[str, np.ndarray]]:
+    arrays: Arrays, residual: Arrays | None, encoding: str
+) -> tuple[dict[str, tuple[tuple[int, ...], dict[str, np.ndarray]]], Arrays]:
     """`error_feedback_encode` over a fragment: (name -> (shape, entries) for payload.pack_encoded, new residual)."""
     codec = get_encoding(encoding)
     encoded, new_residual = {}, {}
