@@ -120,7 +120,7 @@ class Session:
         refuse_if_live(
             self.mailbox, self.node_id, self.lease_seconds, clock=self.clock.now, sleep=self.clock.sleep
         )
-        latest = load_newest(self.mailbox, self.run)
+        latest = load_newest(self.mailbox, self.run, sleep=self.clock.sleep)
         for _, params in latest.values():
             self.adapter.assign(params)  # a joiner starts from the committed model
         self.rounds = self.algorithm.rounds(len(self.plan))

@@ -58,3 +58,24 @@ def test_units_are_read_as_people_write_them():
     assert network.upload_seconds(0, 1_000_000) == pytest.approx(0.13)
     assert network.allreduce_seconds([0, 1], 1_000_000) == pytest.approx(2 * 0.03 + 8e6 / 1e8)
     assert network.pairwise_seconds(0, 1, 1_000_000) == pytest.approx(0.03 + 0.08)
+
+
+def test_a_method_of_rounds_is_refused_a_pairwise_network():
+    with pytest.raises(sl.ConfigError, match="is the exchange of gossip methods"):
+        sim.run(
+            sl.DiLoCo(sync_every=2),
+            tiny_mlp,
+            data_for(2, 4),
+            network=sim.Network(exchange="pairwise"),
+            **GOOD,
+        )
+
+
+def test_the_callers_random_stream_is_left_as_it_was():
+    import torch
+
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    sim.run(sl.DiLoCo(sync_every=2), tiny_mlp, data_for(2, 4), **GOOD)
+    assert torch.equal(torch.rand(3), expected)

@@ -320,7 +320,9 @@ def newest_params(mailbox: Mailbox, run: Run, fragment: int, version: int) -> tu
     )
 
 
-def load_newest(mailbox: Mailbox, run: Run) -> dict[int, tuple[int, Arrays]]:
+def load_newest(
+    mailbox: Mailbox, run: Run, sleep: Callable[[float], None] = time.sleep
+) -> dict[int, tuple[int, Arrays]]:
     """The newest commit of every fragment that can be loaded: head.json, then per fragment a probe for
     commits after the one it names, that commit and its blob. A constant number of requests."""
     for attempt in range(JOIN_ATTEMPTS):
@@ -337,7 +339,7 @@ def load_newest(mailbox: Mailbox, run: Run) -> dict[int, tuple[int, Arrays]]:
         except PayloadError:
             if attempt == JOIN_ATTEMPTS - 1:
                 raise
-            time.sleep(0.1 * (attempt + 1))  # the commits we read were collected meanwhile: read head again
+            sleep(0.1 * (attempt + 1))  # the commits we read were collected meanwhile: read head again
     raise AssertionError("unreachable")
 
 

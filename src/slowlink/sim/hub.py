@@ -34,6 +34,7 @@ class Landing:
     final: bool
     step_seconds: float
     landed_at: float
+    nbytes: int  # what was sent: the encoded Δ
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class Hub:
             self.bytes_sent[worker] += len(data)
         self.awaited[worker][q] = round_
         self.landings[q].append(Landing(worker, q, round_, delta, contribution.samples, contribution.steps,
-                                        contribution.final, contribution.step_seconds, landed))  # fmt: skip
+                                        contribution.final, contribution.step_seconds, landed, len(data)))  # fmt: skip
 
     def leave(self, worker: int, now: float) -> None:
         self.live_until[worker] = now
@@ -160,6 +161,8 @@ class Hub:
         self.log.append(
             CommitLog(fragment, round_, time, tuple((c.worker, c.steps, c.samples) for c in merged))
         )
+        if self.network.exchange == "allreduce":  # the encoded Δ is what the ring reduces, not the parameters
+            nbytes = max(c.nbytes for c in merged)
         self._deliver(fragment, round_, params, {c.worker for c in merged}, time, nbytes)
 
     def _encode_commit(self, params: Arrays, anchor: Arrays) -> tuple[Arrays, int]:

@@ -34,7 +34,7 @@ class WorkerReport:
     wall_seconds: float = 0.0
     bytes_sent: int = 0
     bytes_received: int = 0
-    events: Counter = field(default_factory=Counter)  # event kind -> count, as session.stats counts them
+    events: Counter = field(default_factory=Counter)  # how many events of each kind the worker's node emitted
     steps_carried: int = 0  # steps of late contributions, carried into the next one
 
     @property
@@ -98,17 +98,18 @@ def run(
     (default len(batch[0])). Returns per worker its losses, compute, stalls, bytes and event counts."""
     import torch
 
-    _check_run(method, workers, steps, jitter)
+    _check_run(method, workers, steps, jitter, network)
     speeds = _per_worker("step_seconds", step_seconds, workers)
     network = network if network is not None else Network()
     network.check_workers(workers)
     loss = loss if loss is not None else _default_loss
     optimizer = optimizer if optimizer is not None else (lambda params: torch.optim.AdamW(params, lr=1e-3))
     samples = samples if samples is not None else (lambda batch: len(batch[0]))
-    models = []
+    models, caller_rng = [], torch.random.get_rng_state()
     for _ in range(workers):
         torch.manual_seed(seed)
         models.append(make_model())
+    torch.random.set_rng_state(caller_rng)  # the caller's own random stream goes on as if nothing ran
     adapters = [adapter_for(model) for model in models]
     plan = method.plan(adapters[0].schema)
     rounds = method.rounds(len(plan))
@@ -252,7 +253,9 @@ def _default_loss(model, batch):
     return out[-1] if isinstance(out, tuple) else out
 
 
-def _check_run(method: object, workers: object, steps: object, jitter: object) -> None:
+def _check_run(
+    method: object, workers: object, steps: object, jitter: object, network: Network | None
+) -> None:
     if not isinstance(method, Method):
         raise ConfigError(f"{method!r} is not a slowlink method: pass e.g. sl.DiLoCo(sync_every=100)")
     for name, value in (("workers", workers), ("steps", steps)):
@@ -260,6 +263,9 @@ def _check_run(method: object, workers: object, steps: object, jitter: object) -
             raise ConfigError(f"{name}={value!r} must be a positive integer")
     if isinstance(jitter, bool) or not isinstance(jitter, int | float) or not 0 <= jitter < 1:
         raise ConfigError(f"jitter={jitter!r} must be in [0, 1): a step's time varies by at most that share")
+    if network is not None and network.exchange == "pairwise":
+        raise ConfigError("Network(exchange='pairwise') is the exchange of gossip methods; a method of rounds "
+                          "syncs through exchange='store' (the default) or 'allreduce'")  # fmt: skip
     if method.wire().error_feedback:
         raise ConfigError("the simulator does not model error_feedback yet: simulate without it (its effect on "
                           "the loss is small next to the encoding's)")  # fmt: skip
