@@ -41,8 +41,12 @@ class DiLoCo:
         round's other contributions' norms (with 3 or more contributions); None accepts any norm.
     grace_seconds: how long a round with a quorum waits for other live nodes (None: adaptive).
     global_batch_size: the batch the live nodes share; session.batch_size is this node's part.
-    delta_dtype / commit_dtype: wire encodings of contributions and of commits' changes.
+    delta_dtype / commit_dtype: wire encodings of contributions and of commits' changes (commit_dtype
+        defaults to delta_dtype; "F32" commits the full parameters every round). With a lossy commit
+        encoding, a commit is its change, and the full parameters go out as a snapshot every few rounds.
     error_feedback: keep each node's encoding error and add it to its next contribution.
+    snapshot_every: with a lossy commit encoding, the rounds between two snapshots of the full parameters
+        and outer state (None: so that snapshots add at most half to the commits' bytes, and at most 32).
     flush_on_close: publish the steps trained since the last sync when a node leaves.
     """
 
@@ -63,6 +67,7 @@ class DiLoCo:
     delta_dtype: str | None = None
     commit_dtype: str | None = None
     error_feedback: bool = False
+    snapshot_every: int | None = None
     flush_on_close: bool = False
 
     def __post_init__(self) -> None:
@@ -98,6 +103,10 @@ class DiLoCo:
                            hint="10 rejects blow-ups, not honest spread; None turns the check off")  # fmt: skip
         if self.grace_seconds is not None:
             _require_float("grace_seconds", self.grace_seconds, 0.0, 3600.0, hint="None adapts to step times")
+        if self.snapshot_every is not None:
+            _require_int(
+                "snapshot_every", self.snapshot_every, 1, 32, "rounds between snapshots; None chooses"
+            )
         if self.global_batch_size is not None:
             _require_int(
                 "global_batch_size", self.global_batch_size, 1, None, "the samples all nodes share a step"
@@ -136,9 +145,11 @@ class DiLoCo:
         )  # fmt: skip
 
     def wire(self) -> WireOptions:
-        return WireOptions(
-            delta_dtype=self.delta_dtype, commit_dtype=self.commit_dtype, error_feedback=self.error_feedback
-        )
+        # A commit's change goes out in the deltas' encoding unless commit_dtype says otherwise: a run that
+        # sends 4-bit deltas downloads 4-bit commits too.
+        commit_dtype = self.commit_dtype if self.commit_dtype is not None else self.delta_dtype
+        return WireOptions(delta_dtype=self.delta_dtype, commit_dtype=commit_dtype, error_feedback=self.error_feedback,
+                           snapshot_every=self.snapshot_every)  # fmt: skip
 
     def weight(self, samples: int, steps: int) -> float:
         return self.merge.weight(samples, steps)
@@ -184,6 +195,7 @@ class DiLoCo:
             "delta_dtype": self.delta_dtype,
             "commit_dtype": self.commit_dtype,
             "error_feedback": self.error_feedback,
+            "snapshot_every": self.snapshot_every,
             "flush_on_close": self.flush_on_close,
         }
 

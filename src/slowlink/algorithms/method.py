@@ -51,6 +51,7 @@ class WireOptions:
     delta_dtype: str | None = None
     commit_dtype: str | None = None
     error_feedback: bool = False
+    snapshot_every: int | None = None  # rounds between snapshots of a lossy commit encoding; None: automatic
 
 
 @runtime_checkable

@@ -30,7 +30,7 @@ from . import keys, records
 from .leader import Leadership, Liveness
 from .leader import beat_seconds as beat_interval
 from .merger import Merger
-from .run import Run, advance_head, load_change, load_params, probe_newest, read_commit, read_head
+from .run import Run, advance_head, apply_change, params_at, probe_newest, read_commit, read_head
 
 
 @dataclass(frozen=True)
@@ -270,28 +270,15 @@ class Courier:
         held_version, held = self.latest[fragment]
         params = None
         if record["change"] is not None and held_version == version - 1:
-            params = self._apply_change(fragment, version, held, record)
+            try:  # the light way: the held parameters plus the commit's small change
+                params = apply_change(self.mailbox, self.run, fragment, version, held, record)
+            except PayloadError as error:
+                self.emit(Event("commit_change_refused", self.node_id,
+                                f"fragment {fragment} round {version}: {error}; rebuilding it from the newest snapshot",
+                                {"fragment": fragment, "round": version, "reason": str(error)}))  # fmt: skip
         if params is None:
-            params = load_params(self.mailbox, self.run, fragment, version, record["params"])
+            params = params_at(self.mailbox, self.run, fragment, version)
         self._deliver(fragment, version, params, record)
-
-    def _apply_change(self, fragment: int, version: int, held: Arrays, record: dict) -> Arrays | None:
-        """The commit's parameters as the held ones plus its encoded change (commit_dtype), or None when the
-        change cannot be had or does not rebuild exactly the parameters the commit names."""
-        try:
-            change = load_change(self.mailbox, self.run, fragment, version, record["change"])
-        except PayloadError as error:
-            reason = str(error)
-        else:
-            params = {name: held[name] + change[name] for name in held}
-            header = self.run.expect(kind="params", fragment=fragment, round=version)
-            if payload.digest_of(params, header) == record["params"]:
-                return params
-            reason = "the held parameters plus the change differ from the commit's parameters"
-        self.emit(Event("commit_change_refused", self.node_id,
-                        f"fragment {fragment} round {version}: {reason}; downloading the full parameters",
-                        {"fragment": fragment, "round": version, "reason": reason}))  # fmt: skip
-        return None
 
     def _deliver(self, fragment: int, version: int, params: Arrays, record: dict) -> None:
         # The fate first: it may read the store, and if that fails nothing has changed, so the next turn

@@ -18,20 +18,19 @@ from ..algorithms import rounds as rounds_
 from ..algorithms.method import Method
 from ..algorithms.robust import bounded_claims, l2_norm, norm_outliers
 from ..arrays import Arrays
-from ..errors import MailboxError, PayloadError, PreconditionFailed
+from ..errors import MailboxError, PayloadError
 from ..events import Event
 from ..mailbox.contract import Mailbox
 from ..wire import payload
 from . import keys, records
+from .commits import CommitWriter
 from .run import (
     Run,
     advance_head,
     collect_garbage,
     get_blob,
-    listed_etag,
-    put_blob,
+    newest_snapshot,
     read_commit,
-    read_commit_twice,
 )
 from .summary import record_commit
 
@@ -77,7 +76,7 @@ class Merger:
         self.head: list[int] = [0] * len(run.plan)
         self.recent_norms: dict[int, deque[float]] = {}
         self.recent_per_step: dict[str, deque[float]] = {}
-        self.unreadable: dict[str, int] = {}  # commit key -> turns it failed its checks in (junk or squatted)
+        self.writer = CommitWriter(mailbox, run, self.wire, node_id, emit)
         self._step_cap = STEP_CAP_ROUNDS * self.rounds.sync_every
 
     def step(
@@ -238,21 +237,29 @@ class Merger:
         return {node: self.method.weight(*bounded[node]) for node in claims}
 
     def _outer_state(self, fragment: int, version: int, anchor: Arrays) -> Arrays:
+        """The method's state after commit `version`: held from this node's own last commit, else read from
+        the newest snapshot at or before it. A new merger thus carries on from a state at most one snapshot
+        interval old: the rounds since moved the parameters (which it rebuilds exactly), not the state."""
         held = self.outer_states.get(fragment)
         if held is not None and held[0] == version:
             return held[1]
-        record = read_commit(self.mailbox, fragment, version) if version > 0 else None
+        if version == 0:  # the chain starts at the run's initial model, which run.json's blobs hold
+            self.writer.last_snapshot.setdefault(fragment, 0)
+            return self.method.init_state(anchor)
+        newest = read_commit(self.mailbox, fragment, version)
         if (
-            record is not None and fragment not in self.recent_norms
+            newest is not None and fragment not in self.recent_norms
         ):  # a new merger learns them from the store
-            self._remember(fragment, record["contributors"])
+            self._remember(fragment, newest["contributors"])
+        snapshot_round, record = newest_snapshot(self.mailbox, fragment, version)
+        self.writer.last_snapshot[fragment] = snapshot_round
         if record is None or record["outer_state"] is None:
             return self.method.init_state(anchor)
         data = get_blob(self.mailbox, record["outer_state"], self.run.max_payload_bytes(fragment))
         state, _ = payload.unpack(
             data,
             expected_digest=record["outer_state"],
-            expect=self.run.expect(kind="outer", fragment=fragment, round=version),
+            expect=self.run.expect(kind="outer", fragment=fragment, round=snapshot_round),
             max_bytes=self.run.max_payload_bytes(fragment),
             expect_shapes=self.run.shapes(fragment),
         )
@@ -287,17 +294,13 @@ class Merger:
             largest = max(accepted, key=lambda node: current.norms.get(node, 0.0))
             self._reject(current, largest, "merging its Δ made the fragment's parameters non-finite")
             return None
-        header = self.run.expect(fragment=fragment, round=current.round)
-        params, change_sha = self._encode_change(params, anchor, header)
-        params_sha = put_blob(self.mailbox, payload.pack(params, header | {"kind": "params"}))
-        # A method that keeps no state (e.g. DiLoCo without momentum) stores none.
-        outer_sha = put_blob(self.mailbox, payload.pack(state, header | {"kind": "outer"})) if state else None
-        record = {"fragment": fragment, "round": current.round, "params": params_sha, "outer_state": outer_sha,
-                  "change": change_sha, "contributors": _contributors(accepted, weights, current.norms),
+        fields = {"contributors": _contributors(accepted, weights, current.norms),
                   "rejected": [{"node": node, "reason": why} for node, why in sorted(current.rejected.items())],
                   "merger": self.node_id, "flush_only": flush_only}  # fmt: skip
-        if not self._write_commit(fragment, current.round, record):
+        written = self.writer.write(fragment, current.round, params, anchor, state, fields, self.head)
+        if written is None:
             return None  # that commit is the round's; this node fetches it like any other
+        params, record = written
         advance_head(self.mailbox, list(self.head), fragment, current.round)
         self._summarize(record)
         self.outer_states[fragment] = (current.round, state)
@@ -318,62 +321,6 @@ class Merger:
             self.emit(Event("mailbox_error", self.node_id, f"summary.json not updated after fragment "
                             f"{record['fragment']} round {record['round']}: {error}",
                             {"error": type(error).__name__}))  # fmt: skip
-
-    def _write_commit(self, fragment: int, round_: int, record: dict) -> bool:
-        """Write the commit create-once; True if this record is the round's commit.
-
-        Refused, the key holds either another leader's commit, or our own write whose answer was lost
-        (a retried create-once then sees our object): the record says which. A record at the key that
-        fails its checks on two reads in each of two turns (junk, or unsigned in a signed run) is no honest
-        node's commit: it is replaced by compare-and-swap on its etag, so a squatted key never blocks its
-        round for more than a turn."""
-        key = keys.commit(fragment, round_)
-        blobs = [record[field] for field in ("params", "outer_state", "change") if record[field]]
-        try:
-            self.mailbox.put(key, records.encode(record), if_absent=True)
-            return True
-        except PreconditionFailed:
-            pass
-        existing = read_commit_twice(self.mailbox, fragment, round_)
-        if existing == "unreadable":
-            # Only on a second turn as well: two answers cut short in a row must not replace a real commit.
-            self.unreadable[key] = self.unreadable.get(key, 0) + 1
-            if self.unreadable[key] < 2:
-                return False
-            etag = listed_etag(self.mailbox, key)
-            try:
-                if etag is not None:
-                    self.mailbox.put(key, records.encode(record), if_match=etag)
-                    self.emit(Event("record_replaced", self.node_id, f"{key} failed its checks; replaced by "
-                                    "this round's commit", {"key": key}))  # fmt: skip
-                    return True
-            except PreconditionFailed:
-                pass  # replaced by another leader meanwhile: read it on the next turn
-            return False
-        if existing is not None and existing["params"] == record["params"]:
-            return True
-        theirs = {existing[field] for field in ("params", "outer_state", "change")} if existing else set()
-        self.mailbox.delete([keys.blob(sha) for sha in blobs if sha not in theirs])
-        if existing is not None:  # whoever wrote it may have died before moving head.json: move it for them
-            advance_head(self.mailbox, list(self.head), fragment, round_)
-        return False
-
-    def _encode_change(self, params: Arrays, anchor: Arrays, header: dict) -> tuple[Arrays, str | None]:
-        """With commit_dtype, publish the change Θ_new − Θ_old in that encoding beside the parameters, and
-        commit exactly Θ_old + decode(change): then a node holding Θ_old rebuilds the commit bit for bit
-        from the small change, and checks it against the parameters' digest. Returns (params, change sha)."""
-        if self.wire.commit_dtype is None:
-            return params, None
-        change = {name: params[name] - anchor[name] for name in params}
-        try:
-            data = payload.pack(change, header | {"kind": "change"}, encoding=self.wire.commit_dtype)
-        except PayloadError as error:  # e.g. a change beyond F16's range: this commit goes out in full only
-            self.emit(Event("commit_change_skipped", self.node_id, f"fragment {header['fragment']} round "
-                            f"{header['round']}: {error}", {"fragment": header["fragment"], "round": header["round"]}))  # fmt: skip
-            return params, None
-        del change
-        decoded, _ = payload.unpack(data)
-        return {name: anchor[name] + decoded[name] for name in params}, put_blob(self.mailbox, data)
 
 
 def _contributors(

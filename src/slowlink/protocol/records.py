@@ -231,6 +231,7 @@ COMMIT_FIELDS = {
     "params": SHA256,
     "outer_state": Maybe(SHA256),
     "change": Maybe(SHA256),
+    "snapshot": Omittable(bool),  # the params and outer_state blobs are stored (absent: true)
     "contributors": ListOf(CONTRIBUTOR),
     "rejected": ListOf(REJECTION),
     "merger": NODE,

@@ -21,7 +21,8 @@ from . import keys, records
 from .trust import ENVIRONMENT_VARIABLE
 
 FORMAT = "slowlink-run-1"
-KEEP_COMMITS = 3  # params blobs of the newest commits stay, so joiners and new leaders find no hole
+KEEP_COMMITS = 3  # the newest commits stay whole (with their chains), so joiners and new leaders find no hole
+MAX_CHAIN = 128  # changes a reader applies after a snapshot at the most; a merger snapshots far more often
 JOIN_ATTEMPTS = 5  # a joiner may race garbage collection of the commit it read; it then reads head again
 
 
@@ -301,23 +302,72 @@ def _commit_readable(mailbox: Mailbox, fragment: int, round_: int) -> bool:
 
 def newest_params(mailbox: Mailbox, run: Run, fragment: int, version: int) -> tuple[int, Arrays]:
     """The parameters of `fragment` at `version` (0 is the run's initial model), and the version. If that
-    commit's blob is gone (collected meanwhile, or deleted), the newest older commit still kept stands in:
-    the node then trains from it and catches up with the next commit it fetches."""
+    commit cannot be rebuilt (its blobs collected meanwhile, or deleted), the newest older commit still kept
+    stands in: the node then trains from it and catches up with the next commit it fetches."""
     reasons = []
     for candidate in range(version, max(-1, version - KEEP_COMMITS - 1), -1):
         try:
-            if candidate == 0:
-                return 0, load_params(mailbox, run, fragment, 0, run.initial[fragment])
-            record = read_commit(mailbox, fragment, candidate)
-            if record is None:
-                raise PayloadError(f"{keys.commit(fragment, candidate)} is missing")
-            return candidate, load_params(mailbox, run, fragment, candidate, record["params"])
+            return candidate, params_at(mailbox, run, fragment, candidate)
         except PayloadError as error:
             reasons.append(f"round {candidate}: {error}")
     raise PayloadError(
         f"no parameters of fragment {fragment} can be loaded from its newest commits ({'; '.join(reasons)}). "
         "Wait for the run's next commit and join again, or restore the missing blobs from a copy of the store"
     )
+
+
+def params_at(mailbox: Mailbox, run: Run, fragment: int, version: int) -> Arrays:
+    """The parameters of commit `version`: the newest snapshot at or before it, plus the changes since, each
+    step checked against the digest its commit names. At most MAX_CHAIN commits are read."""
+    chain = commit_chain(mailbox, fragment, version)
+    first, record = chain[0]
+    sha = run.initial[fragment] if record is None else record["params"]
+    params = load_params(mailbox, run, fragment, first, sha)
+    for round_, record in chain[1:]:
+        params = apply_change(mailbox, run, fragment, round_, params, record)
+    return params
+
+
+def apply_change(
+    mailbox: Mailbox, run: Run, fragment: int, round_: int, held: Arrays, record: dict
+) -> Arrays:
+    """Commit `round_`'s parameters as `held` (the previous commit's) plus its encoded change; PayloadError if
+    the change cannot be had or the sum is not exactly the parameters the commit names."""
+    if record["change"] is None:
+        raise PayloadError(f"{keys.commit(fragment, round_)} carries no change to apply")
+    change = load_change(mailbox, run, fragment, round_, record["change"])
+    params = {name: held[name] + change[name] for name in held}
+    if (
+        payload.digest_of(params, run.expect(kind="params", fragment=fragment, round=round_))
+        != record["params"]
+    ):
+        raise PayloadError("the held parameters plus the change differ from the commit's parameters")
+    return params
+
+
+def commit_chain(mailbox: Mailbox, fragment: int, version: int) -> list[tuple[int, dict | None]]:
+    """(round, record) from the newest snapshot at or before `version` up to `version`, oldest first; a chain
+    that reaches back to the initial model starts with (0, None)."""
+    chain: list[tuple[int, dict | None]] = []
+    round_ = version
+    while round_ > 0:
+        record = read_commit(mailbox, fragment, round_)
+        if record is None:
+            raise PayloadError(f"{keys.commit(fragment, round_)} is missing")
+        chain.append((round_, record))
+        if record.get("snapshot", True):
+            return chain[::-1]
+        if len(chain) > MAX_CHAIN:
+            raise PayloadError(
+                f"fragment {fragment} has no snapshot in the {MAX_CHAIN} commits before {version}"
+            )
+        round_ -= 1
+    return [(0, None), *chain[::-1]]
+
+
+def newest_snapshot(mailbox: Mailbox, fragment: int, version: int) -> tuple[int, dict | None]:
+    """The newest snapshot commit at or before `version`, as (round, record); (0, None) for the initial model."""
+    return commit_chain(mailbox, fragment, version)[0]
 
 
 def load_newest(
@@ -355,9 +405,19 @@ def read_commit_twice(mailbox: Mailbox, fragment: int, round_: int) -> dict | No
 
 
 def collect_garbage(mailbox: Mailbox, fragment: int, round_: int) -> None:
-    """Drop the previous round's contributions and the blobs of commits KEEP_COMMITS back."""
+    """Drop the previous round's contributions, and the blobs no kept commit needs: once commit
+    round_ − KEEP_COMMITS + 1 is a snapshot, every kept commit rebuilds from it or after it, so the blobs of
+    the chain before it (back to and with the snapshot that chain started from) go."""
     stale = [listing.key for listing in mailbox.list(keys.round_folder(fragment, round_ - 1))]
-    old = round_ - KEEP_COMMITS
-    if old > 0 and (record := read_commit(mailbox, fragment, old)) is not None:
-        stale += [keys.blob(record[field]) for field in ("params", "outer_state", "change") if record[field]]
+    oldest_kept = round_ - KEEP_COMMITS + 1
+    record = read_commit(mailbox, fragment, oldest_kept) if oldest_kept > 1 else None
+    if record is not None and record.get("snapshot", True):
+        for old in range(oldest_kept - 1, max(0, oldest_kept - 1 - MAX_CHAIN), -1):
+            if (earlier := read_commit(mailbox, fragment, old)) is None:
+                break
+            stale += [
+                keys.blob(earlier[field]) for field in ("params", "outer_state", "change") if earlier[field]
+            ]
+            if earlier.get("snapshot", True):
+                break
     mailbox.delete(stale)

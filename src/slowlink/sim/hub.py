@@ -16,6 +16,7 @@ from ..algorithms.method import Method, Rounds
 from ..arrays import Arrays
 from ..engine.channel import Arrival, Contribution
 from ..wire import payload
+from ..wire.commit_change import encode_change
 from .network import Network
 
 NEVER = math.inf
@@ -63,6 +64,7 @@ class Hub:
     log: list[CommitLog] = field(default_factory=list)
     bytes_sent: list[int] = field(init=False)
     bytes_received: list[int] = field(init=False)
+    residuals: dict[int, Arrays] = field(default_factory=dict)  # fragment -> the commits' encoding error
 
     def __post_init__(self) -> None:
         workers, fragments = len(self.names), len(self.params)
@@ -153,7 +155,7 @@ class Hub:
         params, self.states[fragment] = self.method.outer_step(
             delta, self.states[fragment], anchor, flush_only=all(c.final for c in merged)
         )
-        params, nbytes = self._encode_commit(params, anchor)
+        params, nbytes = self._encode_commit(fragment, params, anchor)
         self.params[fragment], self.versions[fragment] = params, round_
         self.landings[fragment] = [
             c for c in self.landings[fragment] if c.round > round_
@@ -165,17 +167,17 @@ class Hub:
             nbytes = max(c.nbytes for c in merged)
         self._deliver(fragment, round_, params, {c.worker for c in merged}, time, nbytes)
 
-    def _encode_commit(self, params: Arrays, anchor: Arrays) -> tuple[Arrays, int]:
-        """With commit_dtype, the commit is the anchor plus its encoded change, as the mailbox's merger
-        commits it; the bytes are what a node holding the anchor downloads."""
-        commit_dtype = self.method.wire().commit_dtype
-        if commit_dtype is None:
+    def _encode_commit(self, fragment: int, params: Arrays, anchor: Arrays) -> tuple[Arrays, int]:
+        """With a lossy commit encoding, the commit is the anchor plus its encoded change, with the merger's
+        error feedback, as the mailbox's merger commits it (protocol/commits.py); the bytes are what a node
+        holding the anchor downloads. Snapshots are not modelled: no simulated worker joins late."""
+        encoding = self.method.wire().commit_dtype
+        if encoding in (None, "F32"):
             return params, len(payload.pack(params, {"kind": "params"}))
-        data = payload.pack(
-            {n: params[n] - anchor[n] for n in params}, {"kind": "change"}, encoding=commit_dtype
+        committed, data, self.residuals[fragment] = encode_change(
+            params, anchor, self.residuals.get(fragment), encoding, {}
         )
-        change, _ = payload.unpack(data)
-        return {name: anchor[name] + change[name] for name in params}, len(data)
+        return committed, len(data)
 
     def _deliver(
         self, fragment: int, round_: int, params: Arrays, merged: set[int], time: float, nbytes: int

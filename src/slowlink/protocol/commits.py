@@ -1,0 +1,128 @@
+"""Writing a round's commit, as light as the run's encoding: the change in the commit encoding every round,
+the full parameters and the outer state only in a snapshot every K rounds (K so that snapshots stay a
+small share of the traffic), all behind one create-once record.
+
+A commit's `params` is the digest of its parameters, whether or not their blob is stored: a node rebuilds
+them from the newest snapshot and the changes since (run.params_at) and checks them against it. With a
+float32 commit encoding every commit is a snapshot and carries no change.
+"""
+
+import math
+from collections.abc import Callable
+
+from ..algorithms.method import WireOptions
+from ..arrays import Arrays
+from ..errors import PayloadError, PreconditionFailed
+from ..events import Event
+from ..mailbox.contract import Mailbox
+from ..wire import payload
+from ..wire.commit_change import encode_change
+from . import keys, records
+from .run import Run, advance_head, listed_etag, put_blob, read_commit_twice
+
+SNAPSHOT_SHARE = 0.5  # the most a snapshot, spread over the rounds until the next, adds to a change
+MAX_SNAPSHOT_EVERY = 32  # a joiner reads at most this many changes after the snapshot it starts from
+
+
+class CommitWriter:
+    def __init__(self, mailbox: Mailbox, run: Run, wire: WireOptions, node_id: str,
+                 emit: Callable[[Event], None]) -> None:  # fmt: skip
+        self.mailbox, self.run, self.node_id, self.emit = mailbox, run, node_id, emit
+        self.encoding = wire.commit_dtype if wire.commit_dtype not in (None, "F32") else None
+        self.snapshot_every = wire.snapshot_every
+        self.residuals: dict[int, Arrays] = {}  # fragment -> what the commits' encoding has lost so far
+        self.last_snapshot: dict[int, int] = {}  # fragment -> the round of its newest snapshot, when known
+        self.unreadable: dict[str, int] = {}  # commit key -> turns it failed its checks in (junk or squatted)
+
+    def write(self, fragment: int, round_: int, params: Arrays, anchor: Arrays, state: Arrays, fields: dict,
+              head: list[int]) -> tuple[Arrays, dict] | None:  # fmt: skip
+        """Commit round `round_` of `fragment`: `params` as the method computed them on `anchor`, the outer
+        `state`, and the record's other `fields`. Returns the parameters committed (anchor plus the decoded
+        change) and the record, or None if another leader's commit is the round's."""
+        header = self.run.expect(fragment=fragment, round=round_)
+        committed, change_sha, residual, change_bytes = self._change(fragment, params, anchor, header)
+        snapshot = change_sha is None or self._snapshot_due(fragment, round_, change_bytes, bool(state))
+        params_data = payload.pack(committed, header | {"kind": "params"})
+        params_sha = put_blob(self.mailbox, params_data) if snapshot else payload.digest(params_data)
+        del params_data
+        # A method that keeps no state (e.g. DiLoCo without momentum) stores none.
+        outer_sha = (
+            put_blob(self.mailbox, payload.pack(state, header | {"kind": "outer"}))
+            if snapshot and state
+            else None
+        )
+        record = {"fragment": fragment, "round": round_, "params": params_sha, "outer_state": outer_sha,
+                  "change": change_sha, "snapshot": snapshot, **fields}  # fmt: skip
+        if not self._write_create_once(fragment, round_, record, head):
+            return None
+        if residual is not None:
+            self.residuals[fragment] = residual
+        if snapshot:
+            self.last_snapshot[fragment] = round_
+        return committed, record
+
+    def _change(self, fragment: int, params: Arrays, anchor: Arrays, header: dict):
+        """(committed parameters, change sha, new residual, change bytes); without a lossy commit encoding,
+        or when the change cannot be encoded, the commit is the parameters themselves."""
+        if self.encoding is None:
+            return params, None, None, 0
+        try:
+            committed, data, residual = encode_change(
+                params, anchor, self.residuals.get(fragment), self.encoding, header
+            )
+        except PayloadError as error:  # e.g. a change beyond F16's range: this commit goes out in full only
+            self.emit(Event("commit_change_skipped", self.node_id, f"fragment {header['fragment']} round "
+                            f"{header['round']}: {error}", {"fragment": header["fragment"], "round": header["round"]}))  # fmt: skip
+            self.residuals.pop(fragment, None)
+            return params, None, None, 0
+        return committed, put_blob(self.mailbox, data), residual, len(data)
+
+    def _snapshot_due(self, fragment: int, round_: int, change_bytes: int, has_state: bool) -> bool:
+        last = self.last_snapshot.get(fragment)
+        if last is None:
+            return True  # a merger that does not know where the chain starts begins one (never, in practice:
+            # it learns the newest snapshot, the initial model's round 0 included, with the outer state)
+        full = self.run.fragment_bytes(fragment) * (2 if has_state else 1)
+        every = self.snapshot_every or min(
+            MAX_SNAPSHOT_EVERY, max(1, math.ceil(full / (SNAPSHOT_SHARE * change_bytes)))
+        )
+        return round_ - last >= every
+
+    def _write_create_once(self, fragment: int, round_: int, record: dict, head: list[int]) -> bool:
+        """Write the commit create-once; True if this record is the round's commit.
+
+        Refused, the key holds either another leader's commit, or our own write whose answer was lost
+        (a retried create-once then sees our object): the record says which. A record at the key that
+        fails its checks on two reads in each of two turns (junk, or unsigned in a signed run) is no honest
+        node's commit: it is replaced by compare-and-swap on its etag, so a squatted key never blocks its
+        round for more than a turn."""
+        key = keys.commit(fragment, round_)
+        blobs = [record[field] for field in ("params", "outer_state", "change") if record[field]]
+        try:
+            self.mailbox.put(key, records.encode(record), if_absent=True)
+            return True
+        except PreconditionFailed:
+            pass
+        existing = read_commit_twice(self.mailbox, fragment, round_)
+        if existing == "unreadable":
+            # Only on a second turn as well: two answers cut short in a row must not replace a real commit.
+            self.unreadable[key] = self.unreadable.get(key, 0) + 1
+            if self.unreadable[key] < 2:
+                return False
+            etag = listed_etag(self.mailbox, key)
+            try:
+                if etag is not None:
+                    self.mailbox.put(key, records.encode(record), if_match=etag)
+                    self.emit(Event("record_replaced", self.node_id, f"{key} failed its checks; replaced by "
+                                    "this round's commit", {"key": key}))  # fmt: skip
+                    return True
+            except PreconditionFailed:
+                pass  # replaced by another leader meanwhile: read it on the next turn
+            return False
+        if existing is not None and existing["params"] == record["params"]:
+            return True
+        theirs = {existing[field] for field in ("params", "outer_state", "change")} if existing else set()
+        self.mailbox.delete([keys.blob(sha) for sha in blobs if sha not in theirs])
+        if existing is not None:  # whoever wrote it may have died before moving head.json: move it for them
+            advance_head(self.mailbox, list(head), fragment, round_)
+        return False
