@@ -1,8 +1,9 @@
 """A mailbox in an S3 bucket (AWS S3, MinIO, Cloudflare R2, Hugging Face Storage Buckets) through boto3.
 
-Create-once is PutObject with `If-None-Match: *`, compare-and-swap PutObject with `If-Match`. Transient
-failures (throttling, 5xx, timeouts, dropped connections) are retried with capped exponential backoff and
-full jitter; anything else raises at once. Which store needs which options: docs/stores.md.
+Create-once is PutObject with `If-None-Match: *`, compare-and-swap PutObject with `If-Match`; a put over
+`multipart_threshold` goes up in parts (s3_multipart.py). Transient failures (throttling, 5xx, timeouts,
+dropped connections) are retried with capped exponential backoff and full jitter; anything else raises at
+once. Which store needs which options: docs/stores.md.
 """
 
 from __future__ import annotations
@@ -33,7 +34,16 @@ from .s3_answers import (
     quote_etag,
     strip_etag,
 )
-from .s3_options import CHECKSUM_MODES, Retries, Timeouts, check_client_options, make_client
+from .s3_multipart import MultipartUpload, ViewBody, check_put_size
+from .s3_options import (
+    CHECKSUM_MODES,
+    DEFAULT_MULTIPART_THRESHOLD,
+    DEFAULT_PART_SIZE,
+    Retries,
+    Timeouts,
+    check_client_options,
+    make_client,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +77,8 @@ class S3Mailbox:
     `bytes_sent` and `bytes_received` count object bytes (retried uploads included), for benchmarks
     and cost estimates. `on_ignored(key, reason)` hears once of each listed key that slowlink could not
     have written (a space, '..', a trailing '/'), which `list` leaves out; by default a logged warning.
+    A put of more than `multipart_threshold` bytes goes up in parts of `part_size` bytes (the last one
+    shorter), except a compare-and-swap, which is always one PutObject.
     """
 
     def __init__(
@@ -81,15 +93,19 @@ class S3Mailbox:
         retries: Retries | int = _RETRIES,
         timeout: Timeouts | float = _TIMEOUTS,
         addressing_style: str | None = None,
+        multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
+        part_size: int = DEFAULT_PART_SIZE,
     ) -> None:
         self._arguments = {name: value for name, value in locals().items() if name != "self"}  # for copies
         self.prefix = _checked_prefix(bucket, prefix)
         check_client_options(
             endpoint_url=endpoint_url, request_checksums=request_checksums,
             max_concurrency=max_concurrency, addressing_style=addressing_style,
+            multipart_threshold=multipart_threshold, part_size=part_size,
         )  # fmt: skip
         self.bucket, self.endpoint_url, self.region = bucket, endpoint_url, region
         self.request_checksums, self.max_concurrency = request_checksums, max_concurrency
+        self.multipart_threshold, self.part_size = multipart_threshold, part_size
         self.retries = Retries(attempts=retries) if isinstance(retries, int) else retries
         self.timeout = (
             Timeouts(connect=timeout, read=timeout) if isinstance(timeout, (int, float)) else timeout
@@ -182,6 +198,10 @@ class S3Mailbox:
     def _full(self, key: str) -> str:
         return join_key(self.prefix, check_key(key))
 
+    def _count_sent(self, size: int) -> None:
+        with self._stats_lock:
+            self.bytes_sent += size
+
     # -- the five verbs ----------------------------------------------------------------------------
 
     def put(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> str:
@@ -189,17 +209,22 @@ class S3Mailbox:
             raise ConfigError(
                 f"put({key!r}) got both if_absent and if_match; a key cannot be absent and match"
             )
-        data = bytes(data)
-        params: dict[str, Any] = {"Bucket": self.bucket, "Key": self._full(key), "Body": data}
+        view = memoryview(data).cast("B")  # any contiguous bytes-like; len() of a view counts its bytes
+        single = if_match is not None or len(view) <= self.multipart_threshold
+        # Before any request: a put the store cannot take fails now, not after gigabytes were sent.
+        check_put_size(key, len(view), single=single, part_size=self.part_size, where=self._where())
+        if not single:
+            return MultipartUpload(self, key, view, if_absent=if_absent).run()
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": self._full(key)}
         if if_absent:
             params["IfNoneMatch"] = "*"
         if if_match is not None:
             params["IfMatch"] = quote_etag(if_match)
 
         def call(client: Any) -> dict:
-            with self._stats_lock:
-                self.bytes_sent += len(data)
-            return client.put_object(**params)
+            self._count_sent(len(view))
+            # Bytes as they are; any other bytes-like read in place (boto3 takes no memoryview), not copied.
+            return client.put_object(Body=data if isinstance(data, bytes) else ViewBody(view), **params)
 
         try:
             answer = self._request("PUT", key, call)
@@ -218,7 +243,7 @@ class S3Mailbox:
             etag = head["ETag"] if head else ""
         return strip_etag(etag)
 
-    def _put_refused(self, refused: Refused, key: str, if_match: str | None) -> Exception:
+    def _put_refused(self, refused: Refused, key: str, if_match: str | None, verb: str = "PUT") -> Exception:
         # A retried conditional write may find its own earlier, answered-but-lost attempt.
         maybe_ours = " (an earlier try of this request may have written it; read the key to tell)" * (
             refused.tries > 1
@@ -228,7 +253,7 @@ class S3Mailbox:
             return PreconditionFailed(what + maybe_ours)
         if if_match is not None and refused.status == 404 and refused.code != "NoSuchBucket":
             return PreconditionFailed(f"{key} does not exist, so it cannot match etag {if_match}{maybe_ours}")
-        return self._rejected(refused, "PUT", key)
+        return self._rejected(refused, verb, key)
 
     def _settle_conflict(self, key: str, if_absent: bool, if_match: str | None) -> None:
         """After 409s to the last try, one HEAD tells whether another writer won (PreconditionFailed)."""

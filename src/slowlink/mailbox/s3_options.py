@@ -21,6 +21,15 @@ _LOADER_LOCK = threading.Lock()
 
 CHECKSUM_MODES = ("when_supported", "when_required")  # the values of request_checksums
 
+# S3's documented limits (AWS; MinIO and R2 share them): a single PutObject carries at most 5 GiB, a multipart
+# upload at most 10,000 parts of 5 MiB to 5 GiB each (the last may be smaller), an object at most 5 TiB.
+MAX_SINGLE_PUT_BYTES = 5 << 30
+MIN_PART_BYTES, MAX_PART_BYTES, MAX_PARTS = 5 << 20, 5 << 30, 10_000
+MAX_OBJECT_BYTES = 5 << 40
+# Above 64 MiB a put goes up in 16 MiB parts: a failed part costs 16 MiB again, not the whole payload,
+# and 10,000 of them carry up to 156 GiB. Below it one PutObject is one request instead of three or more.
+DEFAULT_MULTIPART_THRESHOLD, DEFAULT_PART_SIZE = 64 << 20, 16 << 20
+
 
 @dataclass(frozen=True, kw_only=True)
 class Retries:
@@ -63,9 +72,10 @@ class Timeouts:
 
 
 def check_client_options(
-    *, endpoint_url: str | None, request_checksums: str, max_concurrency: int, addressing_style: str | None
-) -> None:
-    """Raise ConfigError, naming the option, unless each option make_client takes has an accepted value."""
+    *, endpoint_url: str | None, request_checksums: str, max_concurrency: int, addressing_style: str | None,
+    multipart_threshold: int, part_size: int,
+) -> None:  # fmt: skip
+    """Raise ConfigError, naming the option, unless each option of the client and of uploads is accepted."""
     if request_checksums not in CHECKSUM_MODES:
         raise ConfigError(
             f"S3Mailbox request_checksums={request_checksums!r} must be one of {CHECKSUM_MODES}; "
@@ -81,6 +91,24 @@ def check_client_options(
     if addressing_style not in (None, "auto", "path", "virtual"):
         raise ConfigError(
             f"S3Mailbox addressing_style={addressing_style!r} must be 'auto', 'path' or 'virtual'"
+        )
+    _check_upload_sizes(multipart_threshold, part_size)
+
+
+def _check_upload_sizes(multipart_threshold: int, part_size: int) -> None:
+    def whole(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not whole(part_size) or not MIN_PART_BYTES <= part_size <= MAX_PART_BYTES:
+        raise ConfigError(
+            f"S3Mailbox part_size={part_size!r} must be a whole number of bytes from {MIN_PART_BYTES} (5 MiB, "
+            f"S3's smallest part) to {MAX_PART_BYTES} (5 GiB, its largest); the default is {DEFAULT_PART_SIZE}"
+        )
+    if not whole(multipart_threshold) or not 0 <= multipart_threshold <= MAX_SINGLE_PUT_BYTES:
+        raise ConfigError(
+            f"S3Mailbox multipart_threshold={multipart_threshold!r} must be a whole number of bytes from 0 to "
+            f"{MAX_SINGLE_PUT_BYTES} (5 GiB, the most one PutObject carries); the default is "
+            f"{DEFAULT_MULTIPART_THRESHOLD}"
         )
 
 
