@@ -82,7 +82,9 @@ def wait_until(condition, what: str) -> None:
 @pytest.mark.parametrize("fault", ["held parameters differ", "change blob altered"])
 def test_a_change_that_does_not_rebuild_the_commit_is_refused_for_the_full_parameters(fault):
     mailbox = TamperedChanges() if fault == "change blob altered" else sl.MemoryMailbox()
-    algorithm = sl.DiLoCo(sync_every=2, commit_dtype="BF16", outer_lr=1.0, outer_momentum=0.0)
+    algorithm = sl.DiLoCo(
+        sync_every=2, commit_dtype="BF16", outer_lr=1.0, outer_momentum=0.0, snapshot_every=1
+    )  # every commit a snapshot: the full parameters to fall back on
     events: list[sl.Event] = []
     leader_model, other_model = wide_mlp(), wide_mlp()
     with sl.Session(

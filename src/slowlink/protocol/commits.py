@@ -18,7 +18,7 @@ from ..mailbox.contract import Mailbox
 from ..wire import payload
 from ..wire.commit_change import encode_change
 from . import keys, records
-from .run import Run, advance_head, listed_etag, put_blob, read_commit_twice
+from .run import KEEP_COMMITS, MAX_CHAIN, Run, advance_head, listed_etag, put_blob, read_commit
 
 SNAPSHOT_SHARE = 0.5  # the most a snapshot, spread over the rounds until the next, adds to a change
 MAX_SNAPSHOT_EVERY = 32  # a joiner reads at most this many changes after the snapshot it starts from
@@ -42,9 +42,11 @@ class CommitWriter:
         header = self.run.expect(fragment=fragment, round=round_)
         committed, change_sha, residual, change_bytes = self._change(fragment, params, anchor, header)
         snapshot = change_sha is None or self._snapshot_due(fragment, round_, change_bytes, bool(state))
-        params_data = payload.pack(committed, header | {"kind": "params"})
-        params_sha = put_blob(self.mailbox, params_data) if snapshot else payload.digest(params_data)
-        del params_data
+        params_header = header | {"kind": "params"}
+        if snapshot:
+            params_sha = put_blob(self.mailbox, payload.pack(committed, params_header))
+        else:  # the digest of the payload a snapshot would hold, without building it
+            params_sha = payload.digest_of(committed, params_header)
         # A method that keeps no state (e.g. DiLoCo without momentum) stores none.
         outer_sha = (
             put_blob(self.mailbox, payload.pack(state, header | {"kind": "outer"}))
@@ -126,3 +128,33 @@ class CommitWriter:
         if existing is not None:  # whoever wrote it may have died before moving head.json: move it for them
             advance_head(self.mailbox, list(head), fragment, round_)
         return False
+
+
+def collect_garbage(mailbox: Mailbox, fragment: int, round_: int) -> None:
+    """Drop the previous round's contributions, and the blobs no kept commit needs: once commit
+    round_ − KEEP_COMMITS + 1 is a snapshot, every kept commit rebuilds from it or after it, so the blobs of
+    the chain before it (back to and with the snapshot that chain started from) go."""
+    stale = [listing.key for listing in mailbox.list(keys.round_folder(fragment, round_ - 1))]
+    oldest_kept = round_ - KEEP_COMMITS + 1
+    record = read_commit(mailbox, fragment, oldest_kept) if oldest_kept > 1 else None
+    if record is not None and record.get("snapshot", True):
+        for old in range(oldest_kept - 1, max(0, oldest_kept - 1 - MAX_CHAIN), -1):
+            if (earlier := read_commit(mailbox, fragment, old)) is None:
+                break
+            stale += [
+                keys.blob(earlier[field]) for field in ("params", "outer_state", "change") if earlier[field]
+            ]
+            if earlier.get("snapshot", True):
+                break
+    mailbox.delete(stale)
+
+
+def read_commit_twice(mailbox: Mailbox, fragment: int, round_: int) -> dict | None | str:
+    """The commit record at (fragment, round), None if absent, "unreadable" if it fails its checks on
+    two reads (one answer cut short on its way fails them once)."""
+    for _ in range(2):
+        try:
+            return read_commit(mailbox, fragment, round_)
+        except PayloadError:
+            continue
+    return "unreadable"

@@ -23,11 +23,10 @@ from ..events import Event
 from ..mailbox.contract import Mailbox
 from ..wire import payload
 from . import keys, records
-from .commits import CommitWriter
+from .commits import CommitWriter, collect_garbage
 from .run import (
     Run,
     advance_head,
-    collect_garbage,
     get_blob,
     newest_snapshot,
     read_commit,

@@ -391,33 +391,3 @@ def load_newest(
                 raise
             sleep(0.1 * (attempt + 1))  # the commits we read were collected meanwhile: read head again
     raise AssertionError("unreachable")
-
-
-def read_commit_twice(mailbox: Mailbox, fragment: int, round_: int) -> dict | None | str:
-    """The commit record at (fragment, round), None if absent, "unreadable" if it fails its checks on
-    two reads (one answer cut short on its way fails them once)."""
-    for _ in range(2):
-        try:
-            return read_commit(mailbox, fragment, round_)
-        except PayloadError:
-            continue
-    return "unreadable"
-
-
-def collect_garbage(mailbox: Mailbox, fragment: int, round_: int) -> None:
-    """Drop the previous round's contributions, and the blobs no kept commit needs: once commit
-    round_ − KEEP_COMMITS + 1 is a snapshot, every kept commit rebuilds from it or after it, so the blobs of
-    the chain before it (back to and with the snapshot that chain started from) go."""
-    stale = [listing.key for listing in mailbox.list(keys.round_folder(fragment, round_ - 1))]
-    oldest_kept = round_ - KEEP_COMMITS + 1
-    record = read_commit(mailbox, fragment, oldest_kept) if oldest_kept > 1 else None
-    if record is not None and record.get("snapshot", True):
-        for old in range(oldest_kept - 1, max(0, oldest_kept - 1 - MAX_CHAIN), -1):
-            if (earlier := read_commit(mailbox, fragment, old)) is None:
-                break
-            stale += [
-                keys.blob(earlier[field]) for field in ("params", "outer_state", "change") if earlier[field]
-            ]
-            if earlier.get("snapshot", True):
-                break
-    mailbox.delete(stale)
