@@ -35,6 +35,7 @@ LEVELS: dict[str, int] = {
     "upload_failed": logging.WARNING,
     "key_ignored": logging.WARNING,
     "record_replaced": logging.WARNING,
+    "plan_reduced": logging.WARNING,
     # the normal course of a run
     "run_created": logging.INFO,
     "joined": logging.INFO,

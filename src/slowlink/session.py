@@ -21,7 +21,7 @@ from .clock import REAL
 from .engine.node import Node
 from .errors import ConfigError, RunConfigMismatch, SessionStateError
 from .events import Event, JsonLines, log_event
-from .frameworks.base import adapter_for, compare_schemas, schema_digest
+from .frameworks.base import adapter_for, compare_frozen, compare_schemas, frozen_of, schema_digest
 from .mailbox.contract import Mailbox
 from .mailbox.metered import Metered
 from .protocol import keys
@@ -68,6 +68,8 @@ class Session:
     node (or leader) is still trusted. close_timeout: how long leaving waits for rounds in flight.
     run_key: a secret shared by the run's nodes (default: SLOWLINK_RUN_KEY, else none); every record is
     then signed and checked, and contributions not signed with it are rejected (docs/robustness.md).
+    params: what the run synchronizes, tensor names or a predicate name -> bool (default: the trainable
+    parameters and the floating-point buffers; frameworks/torch.py says what happens to the rest).
     """
 
     def __init__(
@@ -84,10 +86,11 @@ class Session:
         close_timeout: float = 60.0,
         run_key: str | bytes | None = None,
         events_file: str | os.PathLike | None = None,
+        params: object = None,
     ) -> None:
         _check_options(algorithm, node_id, compression, poll_seconds, lease_seconds, close_timeout)
         self.node_id = node_id if node_id is not None else _default_node_id()
-        self.model, self.algorithm, self.compression = model, algorithm, compression
+        self.model, self.algorithm, self.compression, self.params = model, algorithm, compression, params
         self.run_key = RunKey.resolve(run_key)
         self.raw_mailbox = mailbox
         self.mailbox = _trusted(Metered(mailbox), self.run_key)
@@ -108,13 +111,13 @@ class Session:
             raise SessionStateError("a Session can be entered once; create a new Session to train again")
         # Entries a store lists that slowlink could not have written are skipped; this node reports them.
         self.raw_mailbox.on_ignored = self._key_ignored
-        self.adapter = adapter_for(self.model)
+        self.adapter = adapter_for(self.model, self.params)
         plan = self.algorithm.plan(self.adapter.schema)
         self.run, created = open_run(
             self.mailbox, config=self.algorithm.to_dict(), schema=self.adapter.schema,
             schema_digest=schema_digest(self.adapter.schema), plan=plan,
             initial=lambda: [self.adapter.snapshot(group) for group in plan],
-            key_id=self.run_key.key_id if self.run_key else None,
+            key_id=self.run_key.key_id if self.run_key else None, frozen=frozen_of(self.adapter),
         )  # fmt: skip
         self.plan = self.run.plan
         refuse_if_live(
@@ -140,7 +143,18 @@ class Session:
         self._emit(Event("run_created" if created else "joined", self.node_id,
                          f"{'created' if created else 'joined'} run {self.run.run_id[:8]} at versions {versions}",
                          {"versions": versions}))  # fmt: skip
+        self._say_if_plan_reduced()
         return self
+
+    def _say_if_plan_reduced(self) -> None:
+        """A plan of fewer fragments than the method asked for is a warning: the run syncs bigger ones."""
+        shortfall = getattr(self.algorithm, "plan_shortfall", None)
+        found = shortfall(self.plan) if shortfall is not None else None
+        if found is not None:
+            asked, message = found
+            self._emit(
+                Event("plan_reduced", self.node_id, message, {"asked": asked, "fragments": len(self.plan)})
+            )
 
     def __exit__(self, *exc: object) -> None:
         if self._state != "open":
@@ -279,10 +293,14 @@ def _trusted(mailbox: Mailbox, run_key: RunKey | None) -> Mailbox:
     return mailbox if run_key is None else Signed(mailbox, run_key)
 
 
-def align(model: object, *, mailbox: Mailbox, run_key: str | bytes | None = None) -> dict[int, int]:
+def align(
+    model: object, *, mailbox: Mailbox, run_key: str | bytes | None = None, params: object = None
+) -> dict[int, int]:
     """Load the newest committed model into `model` without joining the run; returns fragment -> version.
-    run_key: the run's key if it is signed (default: SLOWLINK_RUN_KEY); every record read is checked."""
-    adapter = adapter_for(model)
+    run_key: the run's key if it is signed (default: SLOWLINK_RUN_KEY); every record read is checked.
+    params: the run's choice of tensors, as its Session was given it. Only what the run synchronizes is
+    loaded; the model's frozen weights must be the run's (SchemaMismatch otherwise)."""
+    adapter = adapter_for(model, params)
     key = RunKey.resolve(run_key)
     mailbox = _trusted(mailbox, key)
     run = read_run(mailbox)
@@ -293,7 +311,8 @@ def align(model: object, *, mailbox: Mailbox, run_key: str | bytes | None = None
             f"this run is signed with run key {run.key_id}: pass run_key= (or set {ENVIRONMENT_VARIABLE})"
         )
     compare_schemas(adapter.schema, run.schema)
+    compare_frozen(frozen_of(adapter), run.frozen)
     newest = load_newest(mailbox, run)
-    for _, params in newest.values():
-        adapter.assign(params)
+    for _, arrays in newest.values():
+        adapter.assign(arrays)
     return {q: version for q, (version, _) in newest.items()}

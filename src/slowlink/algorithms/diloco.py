@@ -13,6 +13,7 @@ import numpy as np
 
 from ..arrays import Arrays
 from ..errors import ConfigError
+from ..frameworks.base import adapter_for
 from .merge import MergeRule, WeightedMean
 from .method import Rounds, WireOptions
 from .outer import OuterOptimizer, OuterState, outer_nesterov
@@ -127,6 +128,20 @@ class DiLoCo:
 
     def plan(self, schema: Schema) -> list[list[str]]:
         return self.partition.plan(schema, self.fragments)
+
+    def plan_for(self, model: object, *, params: object = None) -> list[list[str]]:
+        """The fragments a run of this configuration makes of `model`, each a list of tensor names, fragment
+        0 first; `params` as given to sl.Session. Print it to see what syncs together before a run."""
+        return self.plan(adapter_for(model, params).schema)
+
+    def plan_shortfall(self, plan: list[list[str]]) -> tuple[int, str] | None:
+        """(fragments asked, why) when `plan` has fewer fragments than asked, else None."""
+        if len(plan) >= self.fragments:
+            return None
+        return self.fragments, (
+            f"fragments={self.fragments}, but {self.partition.fewer(plan)}: the run syncs {len(plan)} "
+            "fragments, each larger than asked. See the plan before a run with sl.DiLoCo(...).plan_for(model)"
+        )
 
     def offsets(self, fragment_count: int) -> list[int]:
         return fragment_offsets(self.sync_every, fragment_count)

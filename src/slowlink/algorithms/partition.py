@@ -41,6 +41,10 @@ class BalancedBytes:
             loads[lightest] += tensor_bytes(shape, dtype)
         return _in_model_order(groups, schema)
 
+    def fewer(self, plan: list[list[str]]) -> str:
+        """Why `plan` has fewer fragments than asked."""
+        return f"the model has {sum(map(len, plan))} tensors to synchronize"
+
 
 @dataclass(frozen=True)
 class Strided:
@@ -56,11 +60,11 @@ class Strided:
             compiled = re.compile(self.block_pattern)
         except re.error as error:
             raise ConfigError(
-                f"Strided(block_pattern={self.block_pattern!r}) is not a regex: {error}"
+                f"Strided(block_pattern=r'{self.block_pattern}') is not a regex: {error}"
             ) from None
         if compiled.groups < 1:
             raise ConfigError(
-                f"Strided(block_pattern={self.block_pattern!r}) needs one group capturing the block index, "
+                f"Strided(block_pattern=r'{self.block_pattern}') needs one group capturing the block index, "
                 r"e.g. r'\.(\d+)\.'"
             )
 
@@ -80,6 +84,17 @@ class Strided:
             else:
                 groups[0].append(name)
         return [group for group in groups if group]
+
+    def fewer(self, plan: list[list[str]]) -> str:
+        """Why `plan` has fewer fragments than asked."""
+        pattern = re.compile(self.block_pattern)
+        blocks = {int(m.group(1)) for group in plan for name in group if (m := pattern.search("." + name))}
+        if not blocks:
+            return BalancedBytes().fewer(plan)
+        outside = sum(1 for group in plan for name in group if not pattern.search("." + name))
+        rest = f"{outside} tensors outside them, for fragment 0" if outside else "no tensor outside them"
+        return (f"Strided found {len(blocks)} blocks (block_pattern=r'{self.block_pattern}') and {rest}; "
+                "a block goes whole into one fragment")  # fmt: skip
 
 
 def _in_model_order(groups: list[list[str]], schema: Schema) -> list[list[str]]:

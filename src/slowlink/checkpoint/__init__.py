@@ -67,4 +67,7 @@ def load(path: str | os.PathLike, session: Session, optimizer: object = None) ->
             raise ConfigError(f"{path}: the optimizer refused the saved state ({error}); build it as the "
                               "saved one was, or pass optimizer=None to start it afresh") from None  # fmt: skip
     apply(session, header, resumes)
+    own = {key.removeprefix("own/"): values for key, values in arrays.items() if key.startswith("own/")}
+    if own:  # integer buffers and whatever params= leaves out: the node's, not the run's
+        session.adapter.load_local_state(own)
     return header["step"]

@@ -7,12 +7,14 @@ from ..algorithms.rounds import Flight
 from ..arrays import Arrays
 from ..engine.node import Outgoing
 from ..errors import MailboxUnavailable
+from ..frameworks.base import local_of
 from ..session import Session
 
 
 def capture(session: Session, upload_timeout: float) -> tuple[dict, Arrays]:
     """The checkpoint's header (JSON) and arrays: `local/<q>/<name>` Δ_local, `in_flight/...` Δ_F when it is
-    not Δ_local itself, `residual/...` and `in_flight_residual/...` for error feedback."""
+    not Δ_local itself, `residual/...` and `in_flight_residual/...` for error feedback, and `own/<name>` each
+    tensor the node keeps to itself (integer buffers such as BatchNorm's num_batches_tracked), as it is."""
     deadline = session.clock.now() + upload_timeout
     arrays: Arrays = {}
     fragments = []
@@ -47,6 +49,7 @@ def capture(session: Session, upload_timeout: float) -> tuple[dict, Arrays]:
         if residual is not None:
             arrays.update({f"residual/{q}/{name}": residual[name] for name in names})
         fragments.append(entry)
+    arrays.update({f"own/{name}": values for name, values in local_of(session.adapter).items()})
     header = {
         "run": session.run.run_id,
         "node": session.node_id,

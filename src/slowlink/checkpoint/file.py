@@ -10,7 +10,7 @@ from safetensors.numpy import save_file
 
 from ..arrays import Arrays
 from ..errors import ConfigError, PayloadError
-from ..frameworks.base import compare_schemas
+from ..frameworks.base import compare_schemas, local_of
 from ..protocol import records
 from ..session import Session
 
@@ -126,6 +126,8 @@ def check_identity(path: Path, header: dict, session: Session) -> None:
 
 
 def check_arrays(path: Path, header: dict, arrays: Arrays, session: Session) -> None:
+    check_own(path, {key: values for key, values in arrays.items() if key.startswith("own/")}, session)
+    arrays = {key: values for key, values in arrays.items() if not key.startswith("own/")}
     shapes = {name: shape for name, shape, _ in session.adapter.schema}
     expected = {}
     for q, (names, entry) in enumerate(zip(session.plan, header["fragments"], strict=True)):
@@ -143,6 +145,22 @@ def check_arrays(path: Path, header: dict, arrays: Arrays, session: Session) -> 
             raise PayloadError(f"{path} entry {key!r} is {values.dtype}{list(values.shape)}, expected "
                                f"float32{list(expected[key])}")  # fmt: skip
         if not np.isfinite(values).all():
+            raise PayloadError(
+                f"{path} entry {key!r} holds NaN or infinite values; use an earlier checkpoint"
+            )
+
+
+def check_own(path: Path, arrays: Arrays, session: Session) -> None:
+    """The node's own tensors (`own/<name>`) are exactly this model's, each in its dtype and shape."""
+    expected = {f"own/{name}": values for name, values in local_of(session.adapter).items()}
+    if set(arrays) != set(expected):
+        raise PayloadError(f"{path} holds the node's own tensors {sorted(arrays)[:4]}, but this model keeps "
+                           f"{sorted(expected)[:4]}: it was saved from another model or choice of params=")  # fmt: skip
+    for key, values in arrays.items():
+        if values.dtype != expected[key].dtype or values.shape != expected[key].shape:
+            raise PayloadError(f"{path} entry {key!r} is {values.dtype}{list(values.shape)}, expected "
+                               f"{expected[key].dtype}{list(expected[key].shape)}")  # fmt: skip
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
             raise PayloadError(
                 f"{path} entry {key!r} holds NaN or infinite values; use an earlier checkpoint"
             )

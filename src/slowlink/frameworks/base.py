@@ -1,6 +1,6 @@
 """What slowlink needs from a framework, and the schema checks every adapter shares.
 
-An adapter lists the model's parameters (name, shape, dtype), copies chosen ones to host float32
+An adapter lists the tensors a run synchronizes (name, shape, dtype), copies chosen ones to host float32
 arrays, and writes host arrays back in place, so optimizer state keyed on the parameters survives.
 """
 
@@ -15,13 +15,19 @@ from ..arrays import Arrays
 from ..errors import ConfigError, SchemaMismatch
 
 Schema = list[tuple[str, tuple[int, ...], str]]
+# [name, shape, dtype, sha256] of each frozen tensor: checked equal at join, never sent.
+Frozen = list[list]
 
 
 class Adapter(Protocol):
+    """The members every adapter has. An adapter may also have `frozen()` (Frozen: the tensors it does not
+    send but every node must hold equal), and `local_state()` / `load_local_state(arrays)` (the node's own
+    tensors, which checkpoints save); without them it has none."""
+
     schema: Schema
 
     def snapshot(self, names: list[str]) -> Arrays:
-        """Host float32 copies of these parameters, owned by the caller."""
+        """Host float32 copies of these tensors, owned by the caller."""
         ...
 
     def assign(self, values: Arrays) -> None:
@@ -37,19 +43,36 @@ class Adapter(Protocol):
         ...
 
 
-def adapter_for(model: object) -> Adapter:
-    """The adapter for a torch or MLX module, chosen by the classes it derives from."""
+def adapter_for(model: object, params: object = None) -> Adapter:
+    """The adapter for a torch module, chosen by the classes it derives from; `params` chooses what it
+    synchronizes (frameworks/torch.py: names, or a predicate name -> bool; None: the default)."""
     roots = {cls.__module__.split(".")[0] for cls in type(model).__mro__}
     if "torch" in roots:
         from .torch import TorchAdapter
 
-        return TorchAdapter(model)
+        return TorchAdapter(model, params)
     if hasattr(model, "snapshot") and hasattr(model, "assign") and hasattr(model, "schema"):
+        if params is not None:
+            raise ConfigError(
+                "params= chooses the tensors of a torch module; an adapter chooses its own schema"
+            )
         return model  # already an adapter
     raise ConfigError(
         f"model of type {type(model).__name__} is not supported: pass a torch.nn.Module "
         "(or an object implementing slowlink.frameworks.Adapter)"
     )
+
+
+def frozen_of(adapter: Adapter) -> Frozen:
+    """The adapter's frozen tensors with their digests; none for an adapter that does not say."""
+    frozen = getattr(adapter, "frozen", None)
+    return frozen() if frozen is not None else []
+
+
+def local_of(adapter: Adapter) -> Arrays:
+    """Host copies of the node's own tensors (never synchronized, saved by checkpoints); none if it says none."""
+    local_state = getattr(adapter, "local_state", None)
+    return local_state() if local_state is not None else {}
 
 
 def schema_digest(schema: Schema) -> str:
@@ -60,20 +83,28 @@ def schema_digest(schema: Schema) -> str:
 
 
 def compare_schemas(mine: Schema, run: Schema) -> None:
-    """Raise SchemaMismatch naming the first tensor that differs and how."""
+    """Raise SchemaMismatch naming the first tensor that differs and how; for models of different tensor
+    counts, the counts first (a deeper or shallower model), then the first position where they differ."""
+    same = (
+        "every node must train the same architecture, with the same tensors trainable (or chosen by params=)"
+    )
+    if len(mine) != len(run):
+        at = next(i for i in range(max(len(mine), len(run))) if _at(mine, i) != _at(run, i))
+        raise SchemaMismatch(
+            f"the run's model has {len(run)} tensors, this one {len(mine)}; the first difference is tensor "
+            f"{at + 1}: {_spec(mine, at)} here, {_spec(run, at)} in the run; {same}"
+        )
     run_by_name = {name: (tuple(shape), dtype) for name, shape, dtype in run}
     mine_names = {name for name, _, _ in mine}
     for name, shape, dtype in mine:
         if name not in run_by_name:
             raise SchemaMismatch(
-                f"this model has tensor {name!r} {tuple(shape)} {dtype}, which the run's model does not have; "
-                "every node must train the same architecture"
+                f"this model has tensor {name!r} {tuple(shape)} {dtype}, which the run's model does not have; {same}"
             )
         run_shape, run_dtype = run_by_name[name]
         if tuple(shape) != run_shape:
             raise SchemaMismatch(
-                f"tensor {name!r} has shape {tuple(shape)} here but {run_shape} in the run; "
-                "every node must train the same architecture"
+                f"tensor {name!r} has shape {tuple(shape)} here but {run_shape} in the run; {same}"
             )
         if dtype != run_dtype:
             raise SchemaMismatch(
@@ -82,6 +113,42 @@ def compare_schemas(mine: Schema, run: Schema) -> None:
     for name, shape, dtype in run:
         if name not in mine_names:
             raise SchemaMismatch(
-                f"the run's model has tensor {name!r} {tuple(shape)} {dtype}, which this model lacks; "
-                "every node must train the same architecture"
+                f"the run's model has tensor {name!r} {tuple(shape)} {dtype}, which this model lacks; {same}"
             )
+
+
+def _at(schema: Schema, index: int) -> tuple | None:
+    if index >= len(schema):
+        return None
+    name, shape, dtype = schema[index]
+    return name, tuple(shape), dtype
+
+
+def _spec(schema: Schema, index: int) -> str:
+    found = _at(schema, index)
+    return "none" if found is None else f"{found[0]!r} {found[1]} {found[2]}"
+
+
+def compare_frozen(mine: Frozen, run: Frozen) -> None:
+    """Raise SchemaMismatch naming the first frozen tensor that is not the run's: frozen weights are never
+    sent, so a node holding others would train another model under the same name."""
+    run_by_name = {name: (tuple(shape), dtype, sha) for name, shape, dtype, sha in run}
+    mine_names = {name for name, _, _, _ in mine}
+    for name, shape, dtype, sha in mine:
+        theirs = run_by_name.get(name)
+        if theirs is None:
+            raise SchemaMismatch(f"this model's tensor {name!r} is frozen (requires_grad=False), but not in "
+                                 "the run's model: every node must freeze the same parameters")  # fmt: skip
+        if (tuple(shape), dtype) != theirs[:2]:
+            raise SchemaMismatch(f"frozen tensor {name!r} is {tuple(shape)} {dtype} here but {theirs[0]} "
+                                 f"{theirs[1]} in the run; every node must load the same frozen weights")  # fmt: skip
+        if sha != theirs[2]:
+            raise SchemaMismatch(
+                f"frozen tensor {name!r} differs from the run's (sha256 {sha[:12]}… here, {theirs[2][:12]}… in "
+                "the run): frozen weights are never sent, so every node must load the same ones before it "
+                "joins (the same base checkpoint, or the same seed)"
+            )
+    missing = sorted(run_by_name.keys() - mine_names)
+    if missing:
+        raise SchemaMismatch(f"the run's model has frozen tensor {missing[0]!r}, which this model does not "
+                             "freeze: every node must freeze the same parameters")  # fmt: skip

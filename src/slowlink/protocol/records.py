@@ -194,6 +194,7 @@ RUN_FIELDS = {
     "plan": ListOf(ListOf(Text())),  # each fragment's tensor names
     "initial": ListOf(SHA256),  # each fragment's initial parameters
     "key_id": Omittable(Maybe(Text())),
+    "frozen": Omittable(ListOf(Row(Text(), SHAPE, Text(), SHA256))),  # tensors never sent, checked at join
 }
 HEAD_FIELDS = {"versions": ListOf(COUNT)}
 # A leader that leaves writes node "" and beat -1: the lease is vacant.

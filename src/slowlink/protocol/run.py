@@ -8,13 +8,13 @@ any difference, then reads head.json and the newest commit of each fragment, wha
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..arrays import Arrays
 from ..errors import PayloadError, PreconditionFailed, RunConfigMismatch
-from ..frameworks.base import compare_schemas
+from ..frameworks.base import compare_frozen, compare_schemas
 from ..mailbox.contract import Mailbox
 from ..wire import payload
 from . import keys, records
@@ -35,6 +35,7 @@ class Run:
     plan: list[list[str]]
     initial: list[str]  # blob sha256 of each fragment's initial parameters (version 0)
     key_id: str | None = None  # names the run key every record is signed with; None for an unsigned run
+    frozen: list = field(default_factory=list)  # [name, shape, dtype, sha256] of each tensor never sent
 
     def fragment_bytes(self, fragment: int) -> int:
         shapes = {name: shape for name, shape, _ in self.schema}
@@ -82,15 +83,8 @@ def read_run(mailbox: Mailbox) -> Run | None:
     key_id = record.get("key_id")
     if not isinstance(key_id, str | None):
         raise PayloadError(f"{keys.RUN} field 'key_id' is not a key id")
-    return Run(
-        record["run_id"],
-        record["config"],
-        schema,
-        record["schema_digest"],
-        record["plan"],
-        record["initial"],
-        key_id,
-    )
+    return Run(record["run_id"], record["config"], schema, record["schema_digest"], record["plan"],
+               record["initial"], key_id, record.get("frozen", []))  # fmt: skip
 
 
 def open_run(
@@ -102,9 +96,12 @@ def open_run(
     plan: list[list[str]],
     initial: Callable[[], list[Arrays]],
     key_id: str | None = None,
+    frozen: list | None = None,
 ) -> tuple[Run, bool]:
     """Join the run in `mailbox`, creating it from `initial()` if there is none. Returns (run, created).
-    key_id: the id of the run key this node signs with (its mailbox is then `trust.Signed`), or None."""
+    key_id: the id of the run key this node signs with (its mailbox is then `trust.Signed`), or None.
+    frozen: [name, shape, dtype, sha256] of each tensor the model holds but never sends; a joiner's must match."""
+    frozen = frozen or []
     existing = read_run(mailbox)
     if existing is None:
         _refuse_over_history(mailbox)
@@ -123,10 +120,11 @@ def open_run(
             "plan": plan,
             "initial": shas,
             "key_id": key_id,
+            **({"frozen": frozen} if frozen else {}),  # absent when there are none: run.json as it was
         }
         try:
             mailbox.put(keys.RUN, records.encode(record), if_absent=True)
-            return Run(run_id, config, schema, schema_digest, plan, shas, key_id), True
+            return Run(run_id, config, schema, schema_digest, plan, shas, key_id, frozen), True
         except PreconditionFailed:
             existing = read_run(mailbox)
             assert existing is not None
@@ -139,6 +137,7 @@ def open_run(
             f"(or {ENVIRONMENT_VARIABLE})"
         )
     compare_schemas(schema, existing.schema)
+    compare_frozen(frozen, existing.frozen)
     check_config(config, existing.config)
     return existing, False
 
