@@ -375,9 +375,7 @@ def measure(
             stats = life.result["stats"]
             merged_after = sum(sent["steps"] for f in range(fragments) for sent in merged.get((index, f), [])
                                if (sent["fragment"], sent["round"]) in life.unconfirmed_rounds())  # fmt: skip
-            outcome.lost_finished += (
-                stats["steps_dropped"] + stats.get("steps_unconfirmed", 0) - merged_after
-            )
+            outcome.lost_finished += stats["steps_dropped"] + stats.get("steps_unconfirmed", 0) - merged_after
         elif life.killed:
             # Steps after the snapshot of its last merged contribution, fragment by fragment.
             last = life.last_step()
