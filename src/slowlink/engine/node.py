@@ -44,6 +44,8 @@ class Node:
     ) -> None:
         self.node_id, self.rounds, self.adapter, self.plan = node_id, rounds, adapter, plan
         self.channel, self.clock, self.emit = channel, clock, emit
+        # A device copy where the adapter can make one: the host copy is then the channel's, on its thread.
+        self._copy_out = getattr(adapter, "clone", adapter.snapshot)
         self.state = rounds_.start(rounds, [latest[q][0] for q in range(len(plan))])
         self.anchors = dict(latest)  # fragment -> (version, params) of the commit it is aligned with
         self.outgoing: dict[int, Outgoing] = {}
@@ -106,7 +108,7 @@ class Node:
         """Snapshot the fragment whose flight the state has just opened and hand it to the channel."""
         flight = self.state.flights[fragment]
         version, anchor = self.anchors[fragment]
-        snapshot = self.adapter.snapshot(self.plan[fragment])
+        snapshot = self._copy_out(self.plan[fragment])
         self.outgoing[fragment] = Outgoing(flight.round, snapshot)
         self.channel.publish(Contribution(
             fragment=fragment, step=flight.snapshot_step, base=version, anchor=anchor, snapshot=snapshot,

@@ -22,7 +22,9 @@ Frozen = list[list]
 class Adapter(Protocol):
     """The members every adapter has. An adapter may also have `frozen()` (Frozen: the tensors it does not
     send but every node must hold equal), and `local_state()` / `load_local_state(arrays)` (the node's own
-    tensors, which checkpoints save); without them it has none."""
+    tensors, which checkpoints save); without them it has none. An adapter may have `clone(names)`: float32
+    copies on the tensors' own device, which a channel brings to host (`host_arrays`) on its own thread;
+    without it the engine takes a host `snapshot` on the training thread."""
 
     schema: Schema
 
@@ -41,6 +43,12 @@ class Adapter(Protocol):
     def shift(self, change: Arrays | Iterable[tuple[str, np.ndarray]]) -> None:
         """θ ← θ + change, in place; a lazy sequence of (name, array) is applied one tensor at a time."""
         ...
+
+
+def host_arrays(values: dict) -> Arrays:
+    """Host numpy arrays of what an adapter's `clone` or `snapshot` gave: numpy arrays pass as they are, a
+    device tensor is copied to host (a CPU tensor is viewed, not copied: the clone is the caller's own)."""
+    return {name: v if isinstance(v, np.ndarray) else v.cpu().numpy() for name, v in values.items()}
 
 
 def adapter_for(model: object, params: object = None) -> Adapter:

@@ -20,7 +20,8 @@ Wrappers are looked through: torch.compile's module (`_orig_mod`) and Distribute
 DataParallel (a module whose only child is `module`, holding no tensors of its own) have the plain model's
 names, so a compiled or wrapped node joins a run of the plain model, and `params=` uses the plain names.
 
-Snapshots are host float32 copies; updates are computed on the tensor's own device and dtype.
+Clones stay on the tensors' device (the channel copies them to host off the training thread); snapshots are
+host float32 copies; updates are computed on the tensor's own device and dtype.
 """
 
 import hashlib
@@ -65,6 +66,12 @@ class TorchAdapter:
             return {
                 name: self.tensors[name].detach().to("cpu", torch.float32).numpy().copy() for name in names
             }
+
+    def clone(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Float32 copies on the tensors' own device: all a sync step asks of the training thread. The
+        channel moves them to host on its own thread (frameworks/base.py, host_arrays)."""
+        with torch.no_grad():
+            return {name: self.tensors[name].detach().to(dtype=torch.float32, copy=True) for name in names}
 
     def _on_device(self, name: str, values: np.ndarray, target: torch.Tensor | None = None) -> torch.Tensor:
         target = self.tensors[name] if target is None else target

@@ -22,6 +22,7 @@ from ..clock import REAL, Clock
 from ..engine.channel import Arrival, Contribution
 from ..errors import MailboxError, PayloadError, TrainingDiverged
 from ..events import Event
+from ..frameworks.base import host_arrays
 from ..mailbox.contract import Mailbox
 from ..wire import payload
 from ..wire.compress import compress
@@ -224,8 +225,11 @@ class Courier:
                          "bytes": len(data), "blob": sha}))  # fmt: skip
 
     def _prepare(self, item: Contribution, round_: int) -> tuple[bytes, str, float]:
-        # Δ = θ_anchor − θ_local, computed in the snapshot's own buffer: no second copy of the fragment.
+        # The snapshot to host, here on the communication thread (a view, for a tensor already in host
+        # memory); then Δ = θ_anchor − θ_local in its own buffer: no second copy of the fragment. The dict is
+        # the node's record of the contribution too: it holds Δ from now on.
         delta = item.snapshot
+        delta.update(host_arrays(delta))
         for name, values in delta.items():
             np.subtract(item.anchor[name], values, out=values)
         norm = l2_norm(delta)  # reported, so the merger can judge each contribution against the others

@@ -15,6 +15,7 @@ from ..algorithms import rounds as rounds_
 from ..algorithms.method import Method, Rounds
 from ..arrays import Arrays
 from ..engine.channel import Arrival, Contribution
+from ..frameworks.base import host_arrays
 from ..wire import payload
 from ..wire.commit_change import encode_change
 from .network import Network
@@ -83,6 +84,7 @@ class Hub:
         """A worker's contribution, sent at `now`: Δ = anchor − snapshot in the snapshot's buffer (the
         channel owns it, as the mailbox channel does), through the wire encoding, landing after its upload."""
         delta = contribution.snapshot
+        delta.update(host_arrays(delta))
         for name, values in delta.items():
             np.subtract(contribution.anchor[name], values, out=values)
         encoding = self.method.wire().delta_dtype or "F32"

@@ -1,0 +1,63 @@
+"""A sync step asks of the training thread only a device copy of the fragment: no `.numpy()`, no `.cpu()` and
+no move of a parameter to host happens on it; the communication thread makes the host copy. On this machine
+the device is the CPU, and the code path is the one a GPU takes (a torch function mode sees every call)."""
+
+import threading
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+import slowlink as sl
+
+from .nodes import batches, sgd_step, wide_mlp
+
+HOST_CALLS = {"numpy", "cpu"}
+
+
+class HostCopies(TorchFunctionMode):
+    """Records, on the thread that entered it, every call that brings a tensor to host memory."""
+
+    def __init__(self, parameters: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.parameters = {id(p) for p in parameters}
+        self.calls: list[str] = []
+        self.thread = threading.get_ident()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        moves_a_parameter = (
+            name == "to"
+            and args
+            and id(args[0]) in self.parameters
+            and (any(isinstance(a, str | torch.device) for a in args[1:]) or "device" in kwargs)
+        )
+        if threading.get_ident() == self.thread and (name in HOST_CALLS or moves_a_parameter):
+            self.calls.append(name)
+        return func(*args, **kwargs)
+
+
+def test_sync_steps_make_no_host_copy_on_the_training_thread():
+    model, events = wide_mlp(), []
+    algorithm = sl.DiLoCo(sync_every=2, fragments=2, overlap_steps=1)
+    with sl.Session(model, algorithm=algorithm, mailbox=sl.MemoryMailbox(), node_id="n", poll_seconds=0.005,
+                    on_event=events.append) as session:  # fmt: skip
+        spy = HostCopies(list(model.parameters()))
+        for batch in batches(0, 12):
+            sgd_step(model, batch, 0.05)  # the user's own step, outside the spy: it may do what it likes
+            with spy:
+                session.step(samples=4)
+    sent = [e for e in events if e.kind == "contribution_sent"]
+    applied = [e for e in events if e.kind == "commit_applied"]
+    assert (
+        len(sent) >= 10 and len(applied) >= 8
+    )  # sync steps, and commits carried onto the model, were spied on
+    assert spy.calls == []
+
+
+def test_the_spy_sees_a_host_copy_when_there_is_one():
+    model = wide_mlp()
+    spy = HostCopies(list(model.parameters()))
+    with spy:
+        next(model.parameters()).detach().cpu().numpy()
+    assert spy.calls == ["cpu", "numpy"]
