@@ -35,9 +35,11 @@ LEVELS: dict[str, int] = {
     "upload_failed": logging.WARNING,
     "key_ignored": logging.WARNING,
     "record_replaced": logging.WARNING,
+    "stalled": logging.WARNING,
+    # an existing run continued: a script re-run on an old run's folder must not pass for a fresh start
+    "joined": logging.WARNING,
     # the normal course of a run
     "run_created": logging.INFO,
-    "joined": logging.INFO,
     "left": logging.INFO,
     "round_merged": logging.INFO,
     "leader_elected": logging.INFO,
