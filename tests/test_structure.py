@@ -13,7 +13,7 @@ PACKAGE = Path(sl.__file__).parent
 # (protocol), the collective channel and the simulator each sit on the engine, so none copies the round logic.
 # plan (the utilization planner) is pure arithmetic: it needs only errors, and cli imports it.
 LAYERS = ["errors", "arrays", "clock", "events", "metrics", "plan", "frameworks", "mailbox", "wire", "algorithms",
-          "engine", "protocol", "collective", "sim", "session", "checkpoint", "ops", "demo", "cli"]  # fmt: skip
+          "engine", "protocol", "collective", "sim", "session", "align", "checkpoint", "ops", "demo", "cli"]  # fmt: skip
 
 
 def layer_of(module: str) -> str:

@@ -5,6 +5,7 @@ from .algorithms.diloco import DiLoCo
 from .algorithms.merge import WeightedMean
 from .algorithms.partition import BalancedBytes, Strided
 from .algorithms.robust import NormClippedMean, TrimmedMean
+from .align import align
 from .errors import (
     ConfigError,
     MailboxError,
@@ -17,7 +18,7 @@ from .errors import (
 )
 from .events import Event
 from .mailbox import DirMailbox, MemoryMailbox
-from .session import Session, SessionStats, align
+from .session import Session, SessionStats
 
 
 def __getattr__(name: str):

@@ -36,9 +36,11 @@ LEVELS: dict[str, int] = {
     "key_ignored": logging.WARNING,
     "record_replaced": logging.WARNING,
     "plan_reduced": logging.WARNING,
+    "stalled": logging.WARNING,
+    # an existing run continued: a script re-run on an old run's folder must not pass for a fresh start
+    "joined": logging.WARNING,
     # the normal course of a run
     "run_created": logging.INFO,
-    "joined": logging.INFO,
     "left": logging.INFO,
     "round_merged": logging.INFO,
     "leader_elected": logging.INFO,

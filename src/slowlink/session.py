@@ -8,6 +8,7 @@ to host memory. The only waits are the ones `overlap_steps` asks for.
 """
 
 import math
+import operator
 import os
 import re
 import socket
@@ -19,16 +20,19 @@ from dataclasses import dataclass
 from .algorithms.method import Method
 from .clock import REAL
 from .engine.node import Node
-from .errors import ConfigError, RunConfigMismatch, SessionStateError
+from .engine.stall import StallWatch
+from .errors import ConfigError, MailboxUnavailable, SessionStateError
 from .events import Event, JsonLines, log_event
-from .frameworks.base import adapter_for, compare_frozen, compare_schemas, frozen_of, schema_digest
+from .frameworks.base import adapter_for, frozen_of, schema_digest
 from .mailbox.contract import Mailbox
 from .mailbox.metered import Metered
+from .mailbox.named import open_mailbox
 from .protocol import keys
 from .protocol.courier import Courier, NodeStatus
+from .protocol.joined import joined_event, refuse_resuming
 from .protocol.leader import refuse_if_live
-from .protocol.run import load_newest, open_run, read_run
-from .protocol.trust import ENVIRONMENT_VARIABLE, RunKey, Signed
+from .protocol.run import load_newest, open_run
+from .protocol.trust import RunKey, Signed
 from .wire.encodings import ENCODINGS
 
 
@@ -51,6 +55,9 @@ class SessionStats:
     steps_replaced: int  # overlap steps replaced by a commit (mixing keeps a share of them)
     steps_dropped: int  # steps trained but never merged: dropped when the node left
     steps_unconfirmed: int  # published, but not committed before the node left: the run may still merge them
+    mailbox_errors: int  # requests to the store that failed (the communication thread tried again)
+    uploads_failed: int  # contribution uploads that failed (each sent again, and counted once when it lands)
+    stalls: int  # times this node trained alone: no commit for a while, the store failing (on_stall)
     bytes_sent: int
     bytes_received: int
     requests: int
@@ -70,6 +77,11 @@ class Session:
     then signed and checked, and contributions not signed with it are rejected (docs/robustness.md).
     params: what the run synchronizes, tensor names or a predicate name -> bool (default: the trainable
     parameters and the floating-point buffers; frameworks/torch.py says what happens to the rest).
+    on_stall: "warn" (emit `stalled` and train on) or "raise" (session.step() raises MailboxUnavailable)
+    when no commit has arrived for a while and the store keeps failing. resume: False refuses to join a run
+    that has commits already (a script re-run on an old run's folder would otherwise continue it).
+    A mailbox may also be named: a folder path, or "s3://bucket/prefix" (mailbox/named.py).
+    `start()` and `close()` do what `with` does, for loops that cannot sit in a `with` block.
     """
 
     def __init__(
@@ -77,7 +89,7 @@ class Session:
         model: object,
         *,
         algorithm: Method,
-        mailbox: Mailbox,
+        mailbox: Mailbox | str | os.PathLike,
         node_id: str | None = None,
         compression: str | None = None,
         on_event: Callable[[Event], None] | None = None,
@@ -87,13 +99,21 @@ class Session:
         run_key: str | bytes | None = None,
         events_file: str | os.PathLike | None = None,
         params: object = None,
+        on_stall: str = "warn",
+        resume: bool = True,
     ) -> None:
         _check_options(algorithm, node_id, compression, poll_seconds, lease_seconds, close_timeout)
+        if on_stall not in ("warn", "raise") or not isinstance(resume, bool):
+            raise ConfigError(
+                f"on_stall={on_stall!r} must be 'warn' or 'raise', resume={resume!r} True or False"
+            )
+        self.on_stall, self.resume = on_stall, resume
+        mailbox = open_mailbox(mailbox)
         self.node_id = node_id if node_id is not None else _default_node_id()
         self.model, self.algorithm, self.compression, self.params = model, algorithm, compression, params
         self.run_key = RunKey.resolve(run_key)
         self.raw_mailbox = mailbox
-        self.mailbox = _trusted(Metered(mailbox), self.run_key)
+        self.mailbox = trusted_view(Metered(mailbox), self.run_key)
         self.poll_seconds, self.lease_seconds, self.close_timeout = poll_seconds, lease_seconds, close_timeout
         self.clock = REAL
         self._on_event = on_event
@@ -102,6 +122,8 @@ class Session:
         self._counts: Counter[str] = Counter()
         self._count_lock = threading.Lock()
         self.node: Node | None = None
+        self._stall: StallWatch | None = None
+        self._stall_error: MailboxUnavailable | None = None
         self._state = "new"
 
     # ---- joining and leaving -------------------------------------------------------------------------
@@ -124,6 +146,8 @@ class Session:
             self.mailbox, self.node_id, self.lease_seconds, clock=self.clock.now, sleep=self.clock.sleep
         )
         latest = load_newest(self.mailbox, self.run, sleep=self.clock.sleep)
+        if not created and not self.resume:
+            refuse_resuming(self.raw_mailbox, self.run.run_id, [version for version, _ in latest.values()])
         for _, params in latest.values():
             self.adapter.assign(params)  # a joiner starts from the committed model
         self.rounds = self.algorithm.rounds(len(self.plan))
@@ -136,15 +160,35 @@ class Session:
             node_id=self.node_id, rounds=self.rounds, adapter=self.adapter, plan=self.plan, channel=self.courier,
             clock=self.clock, latest=latest, emit=self._emit,
         )  # fmt: skip
-        self.courier.start()
-        self._state = "open"
         self._entered_at = self.clock.now()
-        versions = [version for version, _ in latest.values()]
-        self._emit(Event("run_created" if created else "joined", self.node_id,
-                         f"{'created' if created else 'joined'} run {self.run.run_id[:8]} at versions {versions}",
-                         {"versions": versions}))  # fmt: skip
+        self._stall = StallWatch(
+            self.node_id, sync_every=self.rounds.sync_every, poll_seconds=self.poll_seconds,
+            step_seconds=lambda: self.node.step_seconds, head=lambda: sum(self.courier.newest()),
+            since=self._entered_at,
+        )  # fmt: skip
+        self.courier.start()
+        self._leases_read_at_join = self.courier.leases_read
+        self._state = "open"
+        self._announce(created, [version for version, _ in latest.values()])
         self._say_if_plan_reduced()
         return self
+
+    def _announce(self, created: bool, versions: list[int]) -> None:
+        if created:
+            self._emit(Event("run_created", self.node_id, f"created run {self.run.run_id[:8]} at versions "
+                             f"{versions}", {"versions": versions}))  # fmt: skip
+            return
+        live = self.courier.live_nodes() - {self.node_id}  # the leases start() has just read
+        self._emit(joined_event(self.mailbox, self.run, self.node_id, versions, live))
+
+    def start(self) -> "Session":
+        """Join the run, as entering `with` does; returns the session. Pair it with close()."""
+        return self.__enter__()
+
+    def close(self) -> None:
+        """Leave the run, as leaving `with` without an exception does: wait for rounds in flight, up to
+        close_timeout, then align the model with the newest commits. Closing again does nothing."""
+        self.__exit__(None, None, None)
 
     def _say_if_plan_reduced(self) -> None:
         """A plan of fewer fragments than the method asked for is a warning: the run syncs bigger ones."""
@@ -162,6 +206,8 @@ class Session:
         self._state = "closing"
         try:
             if exc[0] is None:
+                if self.courier.failure is not None and self.courier.failure is self._stall_error:
+                    self.courier.failure = None  # raised once already; leaving still tries its best
                 self.node.finish(self.close_timeout)
         finally:
             self.courier.stop()
@@ -183,8 +229,8 @@ class Session:
                 "session.step() was called outside the Session's `with` block; call it inside "
                 "`with sl.Session(...) as session:`"
             )
-        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
-            raise ConfigError(f"session.step(samples={samples!r}): samples must be a non-negative integer")
+        if type(samples) is not int or samples < 0:  # the common case costs one check
+            samples = _count_of(samples)
         if self.courier.failure is not None:
             raise self.courier.failure
         self.node.step(samples)
@@ -208,11 +254,19 @@ class Session:
                 self._counts[event.kind + ":steps"] += event.data.get("steps", 0)
             if event.kind == "commit_applied":
                 self._last_commit_at = self.clock.now()
+            stalled = self._stall.heard(event, self.clock.now()) if self._stall is not None else None
         log_event(event)
         if self._events_file is not None:
             self._events_file(event)
         if self._on_event is not None:
             self._on_event(event)
+        if stalled is not None:
+            self._emit(stalled)
+            if self.on_stall == "raise":  # the channel's failure: step() and its waits raise it
+                self._stall_error = MailboxUnavailable(
+                    f"{stalled.message}. on_stall='raise' stops training here; on_stall='warn' trains on alone"
+                )
+                self.courier.failure = self._stall_error
 
     @property
     def stats(self) -> SessionStats:
@@ -224,6 +278,8 @@ class Session:
             contributions_rejected=counts["contribution_rejected"], syncs_deferred=counts["sync_deferred"],
             syncs_skipped=counts["sync_skipped"], steps_replaced=counts["steps_replaced:steps"],
             steps_dropped=counts["steps_dropped:steps"], steps_unconfirmed=counts["steps_unconfirmed:steps"],
+            mailbox_errors=counts["mailbox_error"], uploads_failed=counts["upload_failed"],
+            stalls=counts["stalled"],
             bytes_sent=self.mailbox.bytes_sent, bytes_received=self.mailbox.bytes_received,
             requests=self.mailbox.total_requests, is_leader=self.courier.leadership.is_leader,
         )  # fmt: skip
@@ -257,11 +313,19 @@ class Session:
 
     @property
     def batch_size(self) -> int:
-        """This node's share of global_batch_size: divided by the live nodes, rounded up."""
+        """This node's share of global_batch_size: divided by the nodes live now, rounded up. It follows the
+        run's membership as nodes join and leave: read it again each step (or epoch), not once. Read right
+        after joining, it first waits for the communication thread to read the leases once more (one lease
+        beat, at most three: 6 s), so that nodes started at the same time count."""
+        if self._state == "new":
+            raise SessionStateError("session.batch_size is known once the Session is entered (`with`)")
         if self.rounds.global_batch_size is None:
             raise ConfigError(
                 "session.batch_size needs DiLoCo(global_batch_size=...): the batch all nodes share"
             )
+        deadline = self._entered_at + 3 * self.courier.beat_seconds
+        while self.courier.leases_read <= self._leases_read_at_join and self.clock.now() < deadline:
+            self.clock.sleep(min(0.01, self.courier.beat_seconds / 10))
         return math.ceil(self.rounds.global_batch_size / len(self.courier.live_nodes()))
 
 
@@ -283,36 +347,27 @@ def _check_options(algorithm: object, node_id: str | None, compression: str | No
             raise ConfigError(f"{name}={getattr(wire, name)!r} is not available in this build")
 
 
+def _count_of(samples: object) -> int:
+    """`samples` as a non-negative int: an int, or anything operator.index takes (np.int64, a one-element
+    integer tensor); a bool (or bool tensor) is refused, it is a flag, not a count."""
+    is_flag = isinstance(samples, bool) or str(getattr(samples, "dtype", "")) in ("bool", "torch.bool")
+    try:
+        count = None if is_flag else operator.index(samples)
+    except TypeError:
+        count = None
+    if count is None or count < 0:
+        raise ConfigError(
+            f"session.step(samples={samples!r}): samples must be a non-negative integer (an int, a numpy "
+            "integer or a one-element integer tensor): the sequences or tokens that step trained on"
+        )
+    return count
+
+
 def _default_node_id() -> str:
     host = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-")[:40] or "node"
     return f"{host}-{os.getpid()}"
 
 
-def _trusted(mailbox: Mailbox, run_key: RunKey | None) -> Mailbox:
+def trusted_view(mailbox: Mailbox, run_key: RunKey | None) -> Mailbox:
     """With a run key, the mailbox as the protocol sees it: every record signed on write, checked on read."""
     return mailbox if run_key is None else Signed(mailbox, run_key)
-
-
-def align(
-    model: object, *, mailbox: Mailbox, run_key: str | bytes | None = None, params: object = None
-) -> dict[int, int]:
-    """Load the newest committed model into `model` without joining the run; returns fragment -> version.
-    run_key: the run's key if it is signed (default: SLOWLINK_RUN_KEY); every record read is checked.
-    params: the run's choice of tensors, as its Session was given it. Only what the run synchronizes is
-    loaded; the model's frozen weights must be the run's (SchemaMismatch otherwise)."""
-    adapter = adapter_for(model, params)
-    key = RunKey.resolve(run_key)
-    mailbox = _trusted(mailbox, key)
-    run = read_run(mailbox)
-    if run is None:
-        raise ConfigError(f"{mailbox!r} holds no run (no {keys.RUN}); check the mailbox path or prefix")
-    if run.key_id is not None and key is None:
-        raise RunConfigMismatch(
-            f"this run is signed with run key {run.key_id}: pass run_key= (or set {ENVIRONMENT_VARIABLE})"
-        )
-    compare_schemas(adapter.schema, run.schema)
-    compare_frozen(frozen_of(adapter), run.frozen)
-    newest = load_newest(mailbox, run)
-    for _, arrays in newest.values():
-        adapter.assign(arrays)
-    return {q: version for q, (version, _) in newest.items()}

@@ -17,6 +17,9 @@ FED_BY = {
     "steps_replaced": ("steps_replaced", True),
     "steps_dropped": ("steps_dropped", True),
     "steps_unconfirmed": ("steps_unconfirmed", True),
+    "mailbox_errors": ("mailbox_error", False),
+    "uploads_failed": ("upload_failed", False),
+    "stalls": ("stalled", False),
 }
 
 

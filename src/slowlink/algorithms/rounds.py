@@ -187,8 +187,10 @@ def arrive(
 
 
 def unsent(state: NodeState) -> list[int]:
-    """Fragments with steps not yet sent and no contribution in flight: what flush_on_close publishes."""
-    return [q for q in range(len(state.versions)) if state.flights[q] is None and state.pending_steps(q) > 0]
+    """Fragments with steps not yet sent and no contribution in flight: what flush_on_close publishes. Steps
+    that reported no samples are left out (a merger rejects them): leaving reports them as dropped."""
+    return [q for q in range(len(state.versions))
+            if state.flights[q] is None and state.pending_steps(q) > 0 and state.pending_samples(q) > 0]  # fmt: skip
 
 
 def dropped_steps(state: NodeState) -> int:

@@ -22,6 +22,7 @@ from ..errors import ConfigError, SessionStateError
 from ..events import Event
 from ..session import Session
 from .capture import capture
+from .extra import check_readable, extra_from_file, extra_to_json
 from .file import FORMAT, check_arrays, check_identity, read, write_atomically
 from .optimizer import optimizer_from_file, optimizer_to_json
 from .resume import apply, plan_fragment
@@ -29,25 +30,33 @@ from .resume import apply, plan_fragment
 __all__ = ["load", "save"]
 
 
-def save(path: str | os.PathLike, session: Session, optimizer: object = None, *,
+def save(path: str | os.PathLike, session: Session, optimizer: object = None, *, extra: dict | None = None,
          upload_timeout: float = 300.0) -> None:  # fmt: skip
     """Write `session`'s place in the run and `optimizer`'s state to `path`, atomically: a crash mid-save
     leaves the previous file. Call it between steps, right after session.step(). A contribution still being
-    uploaded is waited for, at most `upload_timeout` seconds (MailboxUnavailable after, nothing written)."""
+    uploaded is waited for, at most `upload_timeout` seconds (MailboxUnavailable after, nothing written).
+    extra: the rest of the training state, in the same file: a dict of state_dicts, RNG states, counters
+    (tensors, numpy arrays, numbers, strings, lists, tuples, dicts; never pickled), which load returns."""
     if not session.is_open:
         raise SessionStateError("sl.checkpoint.save needs an open session: call it inside its `with` block")
-    header, arrays = capture(session, upload_timeout)
     tensors: dict = {}
+    encoded_extra = None if extra is None else extra_to_json(extra, tensors)  # refused before anything waits
+    header, arrays = capture(session, upload_timeout)
     header["optimizer"] = None if optimizer is None else optimizer_to_json(optimizer, tensors)
-    write_atomically(Path(path), arrays, tensors, {"format": FORMAT, "checkpoint": json.dumps(header)})
+    header["extra"] = encoded_extra
+    text = json.dumps(header)
+    if extra:
+        check_readable(text)
+    write_atomically(Path(path), arrays, tensors, {"format": FORMAT, "checkpoint": text})
     session.node.emit(Event("checkpoint_saved", session.node_id, f"saved step {header['step']} to {path}",
                         {"step": header["step"], "path": str(path)}))  # fmt: skip
 
 
-def load(path: str | os.PathLike, session: Session, optimizer: object = None) -> int:
+def load(path: str | os.PathLike, session: Session, optimizer: object = None, *, extra: bool = False):
     """Resume the node saved in `path` in `session`, freshly entered and not yet stepped; restore `optimizer`'s
-    state too. Returns the number of steps the node had trained: continue the training loop from there.
-    A file of another run, node, model or optimizer is refused, and then nothing changes."""
+    state too. Returns the number of steps the node had trained: continue the training loop from there; with
+    extra=True, (steps, the `extra` dict given to save, {} if none). A file of another run, node, model or
+    optimizer is refused, and then nothing changes."""
     if not session.is_open or session.node.state.step or session.node.state.in_flight():
         raise SessionStateError("sl.checkpoint.load needs a session that has not stepped yet: call it right "
                                 "after entering `with sl.Session(...)`, before the first session.step()")  # fmt: skip
@@ -56,6 +65,7 @@ def load(path: str | os.PathLike, session: Session, optimizer: object = None) ->
     check_identity(path, header, session)
     check_arrays(path, header, arrays, session)
     state = None if optimizer is None else optimizer_from_file(path, header, optimizer, session)
+    saved_extra = extra_from_file(path, header.get("extra")) if extra else None
     resumes = [
         plan_fragment(session, q, entry, arrays, header["step"])
         for q, entry in enumerate(header["fragments"])
@@ -70,4 +80,4 @@ def load(path: str | os.PathLike, session: Session, optimizer: object = None) ->
     own = {key.removeprefix("own/"): values for key, values in arrays.items() if key.startswith("own/")}
     if own:  # integer buffers and whatever params= leaves out: the node's, not the run's
         session.adapter.load_local_state(own)
-    return header["step"]
+    return (header["step"], saved_extra) if extra else header["step"]

@@ -61,7 +61,7 @@ def read(path: Path) -> tuple[dict, Arrays]:
             if metadata.get("format") != FORMAT or "checkpoint" not in metadata:
                 raise PayloadError(f"{path} is not a slowlink checkpoint (format {metadata.get('format')!r}, "
                                    f"expected {FORMAT!r})")  # fmt: skip
-            names = [key for key in opened.keys() if not key.startswith("optimizer/")]  # noqa: SIM118
+            names = [key for key in opened.keys() if not key.startswith(("optimizer/", "extra/"))]  # noqa: SIM118
             arrays = {key: opened.get_tensor(key) for key in names}
     except SafetensorError as error:
         raise PayloadError(f"{path} cannot be read ({error}){damaged}") from None

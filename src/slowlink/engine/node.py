@@ -14,6 +14,7 @@ from ..algorithms.method import Rounds
 from ..algorithms.mixing import carry_change, carry_overlap_change
 from ..arrays import Arrays
 from ..clock import Clock
+from ..errors import ConfigError
 from ..events import Event
 from .channel import Arrival, Channel, Contribution
 
@@ -71,8 +72,10 @@ class Node:
         self._last_step_at = now
         self.state = rounds_.advance(self.state, samples)
         self.receive()
-        self.state, due = rounds_.take_due(self.rounds, self.state)
+        state, due = rounds_.take_due(self.rounds, self.state)
         if due is not rounds_.NOTHING_DUE:
+            _refuse_sampleless(state, due.publish)  # before the state takes it: nothing is half-published
+            self.state = state
             self._act_on(due)
 
     def waiting(self) -> bool:
@@ -210,3 +213,16 @@ class Node:
                             f"{unconfirmed} fragment-steps in contributions to (fragment, round) {rounds} were not "
                             "committed before leaving; the run may still merge them",
                             {"steps": unconfirmed, "rounds": rounds}))  # fmt: skip
+
+
+def _refuse_sampleless(state: rounds_.NodeState, fragments: tuple[int, ...]) -> None:
+    """A contribution that reports no samples is rejected by every merger (it has no weight), and a round
+    whose contributions are all rejected never commits: refuse it here, at the step that would publish it."""
+    for fragment in fragments:
+        flight = state.flights[fragment]
+        if flight.samples <= 0:
+            raise ConfigError(
+                f"fragment {fragment}'s contribution would hold {flight.steps} steps that reported 0 samples "
+                "between them, and a merger rejects a contribution without samples, so it is not published: "
+                "report the samples each step trained on, e.g. session.step(samples=len(batch))"
+            )

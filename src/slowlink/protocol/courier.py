@@ -86,6 +86,7 @@ class Courier:
         self._beat = 0
         self.life = os.urandom(8).hex()  # tells this life's beats from an earlier one's under the same id
         self._last_beat = float("-inf")
+        self.leases_read = 0  # full reads of nodes/ so far: what session.batch_size waits on after joining
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"slowlink-{node_id}", daemon=True)
 
@@ -338,6 +339,7 @@ class Courier:
                     continue  # read again on the next look
                 self.liveness.observe(item.key, item.etag, beat)
         self.liveness.forget_absent(present)
+        self.leases_read += 1
         if self.leadership.is_leader and (gone := self.liveness.gone_for(2 * self.lease_seconds)):
             self.mailbox.delete(gone)
             self.liveness.forget_absent(set(present) - set(gone))
