@@ -2,7 +2,8 @@
 
 An encoding is a pair of pure functions: `encode(values)` returns the arrays to store (suffix -> array;
 "" is the main entry, other suffixes start with "@", e.g. "@scale") and `decode(entries, shape)`
-rebuilds float32. `ENCODINGS` maps each `delta_dtype` / `commit_dtype` name to its pair.
+rebuilds float32. `ENCODINGS` maps each `delta_dtype` / `commit_dtype` name to its pair. The rounding
+and bit arithmetic of the narrow formats is in `minifloat.py`; here are the formats and their blocks.
 
 Formats (byte layouts and measured errors: docs/wire.md). Every entry is stored flat, little-endian.
 - F32, F16: IEEE floats; F16 rounds to nearest even.
@@ -28,6 +29,18 @@ from math import prod
 import numpy as np
 
 from ..errors import PayloadError
+from .minifloat import (
+    E2M1,
+    E4M3,
+    FP16,
+    Minifloat,
+    Scratch,
+    place_codes,
+    pow2,
+    round_codes,
+    scale_exponents,
+    split_codes,
+)
 
 BLOCK = 32  # values per scale in F8_E4M3 and F4, as in OCP MX
 CHUNK_BLOCKS = 8192  # blocks per pass: 1 MiB of float32, so the temporaries of a pass stay in cache
@@ -41,36 +54,6 @@ class Encoding:
     encode: Callable[[np.ndarray], dict[str, np.ndarray]]
     decode: Callable[[dict[str, np.ndarray], tuple[int, ...]], np.ndarray]
 
-
-@dataclass(frozen=True)
-class Minifloat:
-    """A float format narrower than float32: a sign bit, `exponent_bits`, `mantissa_bits`."""
-
-    exponent_bits: int
-    mantissa_bits: int
-    min_exponent: int  # exponent of the smallest normal value; below it values are subnormal
-    max_value: float
-
-    @property
-    def bits(self) -> int:
-        return 1 + self.exponent_bits + self.mantissa_bits
-
-    def values(self) -> np.ndarray:
-        """The float32 value of every code, by code (E4M3FN's NaN codes show as ±480)."""
-        m = self.mantissa_bits
-        codes = np.arange(1 << (self.bits - 1))
-        field, fraction = codes >> m, codes & ((1 << m) - 1)
-        magnitude = np.where(
-            field == 0,
-            np.ldexp(fraction.astype(np.float64), self.min_exponent - m),
-            np.ldexp(1.0 + fraction / (1 << m), field - 1 + self.min_exponent),
-        )
-        return np.concatenate([magnitude, -magnitude]).astype(np.float32)
-
-
-E4M3 = Minifloat(exponent_bits=4, mantissa_bits=3, min_exponent=-6, max_value=448.0)
-E2M1 = Minifloat(exponent_bits=2, mantissa_bits=1, min_exponent=0, max_value=6.0)
-FP16 = Minifloat(exponent_bits=5, mantissa_bits=10, min_exponent=-14, max_value=65504.0)
 
 F16_LIMIT = 65520.0  # the first magnitude that rounds to infinity in F16
 BF16_LIMIT = float(np.array(0x7F7F8000, np.uint32).view(np.float32))  # likewise in BF16
@@ -119,10 +102,6 @@ def _entry(entries: dict[str, np.ndarray], suffix: str, dtype: type, size: int) 
     return stored
 
 
-def _pow2(exponents: np.ndarray) -> np.ndarray:
-    return np.ldexp(np.float32(1), exponents.astype(np.int32))
-
-
 def _block_count(size: int) -> int:
     return -(-size // BLOCK)
 
@@ -138,70 +117,6 @@ def _as_blocks(flat: np.ndarray) -> np.ndarray:
 
 def _unpad(blocks: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return blocks.reshape(-1)[: prod(shape)].reshape(shape)
-
-
-# ---- minifloat codes -------------------------------------------------------------------------------
-
-
-class Scratch:
-    """Work arrays reused from chunk to chunk: a fresh 1 MiB array per step costs page faults."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, np.ndarray] = {}
-        self._constants: dict[tuple[int, str], np.ndarray] = {}
-
-    def __call__(self, name: str, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
-        size = prod(shape) * np.dtype(dtype).itemsize
-        if name not in self._buffers or self._buffers[name].size < size:
-            self._buffers[name] = np.empty(size, np.uint8)
-        return self._buffers[name][:size].view(dtype).reshape(shape)
-
-    def full(self, value: int, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
-        """An array of `value`: numpy's maximum against one is several times faster than against a scalar."""
-        key, size = (value, np.dtype(dtype).str), prod(shape)
-        if key not in self._constants or self._constants[key].size < size:
-            self._constants[key] = np.full(size, value, dtype)
-        return self._constants[key][:size].reshape(shape)
-
-
-def _round_codes(
-    scaled: np.ndarray, signs_from: np.ndarray, fmt: Minifloat, scratch: Scratch, out: np.ndarray
-) -> None:
-    """Write into `out` the codes of float32 magnitudes `scaled` (<= fmt.max_value; overwritten),
-    with the signs of `signs_from`.
-
-    Adding c = 2**(e + 23 - m), where e is the value's binade (at least fmt.min_exponent) and m the
-    mantissa bits, leaves exactly the format's precision, rounded half to even by the FPU. The sum's
-    bits then hold c's exponent E = e + 150 - m and the rounded value q in units of 2**(e - m); the
-    code is q + 2**m * (e - min_exponent), computed modulo the code's width.
-    """
-    m, bits, shape = fmt.mantissa_bits, scaled.view(np.uint32), scaled.shape
-    floor = scratch.full((127 + fmt.min_exponent) << 23, np.uint32, shape)
-    binade = np.maximum(bits, floor, out=scratch("binade", np.uint32, shape))  # subnormals: one grid
-    binade &= 0x7F800000
-    binade += (23 - m) << 23
-    scaled += binade.view(np.float32)
-    combined = np.right_shift(bits, 23 - m, out=binade)  # E << m, since q's bits sit below bit 23 - m
-    combined += bits  # q, in the low bits
-    np.copyto(out, combined, casting="unsafe")  # keeps the low bits
-    out -= ((150 - m + fmt.min_exponent) << m) % (1 << (8 * out.itemsize))
-    sign = np.signbit(signs_from, out=scratch("sign", np.bool_, shape)).view(np.uint8)
-    code = out.dtype.type  # uint8, or uint16 for F16
-    out |= np.multiply(sign, code(1 << (fmt.bits - 1)), out=scratch("sign_bit", code, shape))
-
-
-def _place_codes(codes: np.ndarray, fmt: Minifloat, out: np.ndarray) -> None:
-    """Write into float32 `out` each code's value times 2**-(126 + fmt.min_exponent).
-
-    The code's exponent and mantissa, shifted into float32's fields, keep their value up to that power
-    of two (subnormals become float32 denormals); the sign comes from reading the code as a signed
-    integer, whose extension is then cleared.
-    """
-    bits = out.view(np.int32)
-    bits[...] = codes.view(np.int8 if fmt.bits <= 8 else np.int16)
-    shift = 23 - fmt.mantissa_bits
-    bits <<= shift
-    bits &= np.array(0x80000000 | ((1 << (shift + fmt.bits - 1)) - 1), np.uint32).view(np.int32)
 
 
 # ---- F32, F16, BF16 --------------------------------------------------------------------------------
@@ -224,7 +139,7 @@ def _encode_f16(values: np.ndarray) -> dict[str, np.ndarray]:
     for part in _chunks(flat.size, CHUNK_BLOCKS * BLOCK):
         _refuse(_largest_magnitude(flat[part]), F16_LIMIT, "F16", flat[part])
         magnitude = np.abs(flat[part], out=scratch("magnitude", np.float32, flat[part].shape))
-        _round_codes(magnitude, flat[part], FP16, scratch, out[part])
+        round_codes(magnitude, flat[part], FP16, scratch, out[part])
     return {"": out.view(np.float16)}
 
 
@@ -232,7 +147,7 @@ def _decode_f16(entries: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.nd
     stored = _entry(entries, "", np.float16, prod(shape)).view(np.uint16)
     out = np.empty(stored.size, np.float32)
     for part in _chunks(stored.size, CHUNK_BLOCKS * BLOCK):
-        _place_codes(stored[part], FP16, out[part])
+        place_codes(stored[part], FP16, out[part])
         out[part] *= np.float32(2.0**112)
     return out.reshape(shape)
 
@@ -263,58 +178,126 @@ def _decode_bf16(entries: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.n
 # ---- block-scaled minifloats: F8_E4M3, F8_E4M3_TENSOR and F4 ---------------------------------------
 
 
-def scale_exponents(absmax: np.ndarray, fmt: Minifloat) -> np.ndarray:
-    """Smallest k >= -127 (E8M0's least) with absmax <= fmt.max_value * 2**k; absmax < 2**127."""
-    mantissa, exponent = np.frexp(absmax)  # absmax = mantissa * 2**exponent, mantissa in [0.5, 1)
-    top_mantissa, top_exponent = np.frexp(fmt.max_value)  # 448 = 0.875 * 2**9, 6 = 0.75 * 2**3
-    exponent -= top_exponent
-    exponent += mantissa > top_mantissa
-    return np.maximum(exponent, -127, out=exponent)
-
-
 def quantize_blocks(
-    blocks: np.ndarray, fmt: Minifloat, name: str
-) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
+    blocks: np.ndarray, fmt: Minifloat, name: str, codes: np.ndarray | None = None
+) -> Iterator[tuple[slice | np.ndarray, np.ndarray, np.ndarray]]:
     """Yield (rows, codes, k) for chunks of `blocks` (rows of 32 float32 values): each value's code
     (uint8, sign in the format's top bit) and each block's scale exponent k (scale 2**k).
 
-    `codes` is a work array, overwritten by the next chunk. Refuses (PayloadError naming encoding
-    `name`) values that are not finite or reach SCALED_LIMIT.
+    `codes` is written in place when given, else a work array overwritten by the next chunk. Refuses
+    (PayloadError naming encoding `name`) values that are not finite or reach SCALED_LIMIT. Chunks take
+    `_split_chunk` where it serves them, else `_exact_chunk`; the blocks `_split_chunk` leaves come
+    last, all at once, with `rows` an array of their indices. Every block gets what `_exact_chunk`
+    gives it.
     """
-    scratch = Scratch()
-    starts = np.arange(0, CHUNK_BLOCKS * BLOCK, BLOCK)
+    scratch, left = Scratch(), []
     for rows in _chunks(len(blocks), CHUNK_BLOCKS):
         chunk = blocks[rows]
-        magnitude = scratch("magnitude", np.int32, chunk.shape)
-        np.bitwise_and(chunk.view(np.int32), 0x7FFFFFFF, out=magnitude)
-        # Each block's largest magnitude, compared as integers (faster than floats; NaN is largest).
-        absmax = np.maximum.reduceat(magnitude.reshape(-1), starts[: len(chunk)]).view(np.float32)
-        _refuse(float(absmax.max()), SCALED_LIMIT, name, chunk)
-        k = scale_exponents(absmax, fmt)
-        scaled = magnitude.view(np.float32)
-        scaled *= _pow2(-k)[:, None]  # exact: a power of two
-        codes = scratch("codes", np.uint8, chunk.shape)
-        _round_codes(scaled, chunk, fmt, scratch, codes)
-        yield rows, codes, k
+        chunk_codes = scratch("codes", np.uint8, chunk.shape) if codes is None else codes[rows]
+        # E2M1 is normal only from 1 to 6 times its scale: nearly every block holds a value under that
+        split = _split_chunk(chunk, fmt, scratch, chunk_codes) if fmt.exponent_bits > 2 else None
+        if split is None:
+            yield rows, chunk_codes, _exact_chunk(chunk, fmt, name, scratch, chunk_codes)
+        else:
+            left.append(split[1] + rows.start)
+            yield rows, chunk_codes, split[0]
+    rows = np.concatenate(left) if left else np.empty(0, np.intp)
+    if len(rows):
+        rest = blocks[rows]
+        rest_codes = np.empty(rest.shape, np.uint8)
+        yield rows, rest_codes, _exact_chunk(rest, fmt, name, scratch, rest_codes)
 
 
-def _e4m3_times(codes: np.ndarray, factors: np.ndarray, out: np.ndarray, scratch: Scratch) -> None:
-    """Write E4M3 `codes` (rows of 32) times each row's factor into `out`; NaN codes raise ValueError."""
-    if np.bitwise_and(codes, 0x7F, out=scratch("nan", np.uint8, codes.shape)).max(initial=0) == 0x7F:
+def _exact_chunk(
+    chunk: np.ndarray, fmt: Minifloat, name: str, scratch: Scratch, codes: np.ndarray
+) -> np.ndarray:
+    """Write the codes of any blocks of `chunk` into `codes` and return their scale exponents: each
+    block's largest magnitude gives k, values times 2**-k (exact) go to `round_codes`."""
+    magnitude = scratch("magnitude", np.int32, chunk.shape)
+    np.bitwise_and(chunk.view(np.int32), 0x7FFFFFFF, out=magnitude)
+    # Each block's largest magnitude, compared as integers (faster than floats; NaN is largest).
+    absmax = np.maximum.reduceat(magnitude.reshape(-1), np.arange(0, chunk.size, BLOCK)).view(np.float32)
+    _refuse(float(absmax.max()), SCALED_LIMIT, name, chunk)
+    k = scale_exponents(absmax, fmt)
+    scaled = magnitude.view(np.float32)
+    scaled *= pow2(-k)[:, None]
+    round_codes(scaled, chunk, fmt, scratch, codes)
+    return k
+
+
+def _split_chunk(
+    chunk: np.ndarray, fmt: Minifloat, scratch: Scratch, codes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Codes and scale exponents as `_exact_chunk` gives them, in fewer passes, except for the blocks
+    whose indices come second (theirs are placeholders); None for a chunk this cannot serve: with a
+    scale above 2**96 (infinities and NaN included), or more than one block in eight left over.
+
+    mu, the exponent byte of bits(x) + 2**23 - 1 - fmt.top_fraction, is the biased exponent of x, one
+    more where its fraction exceeds that of fmt.max_value: it is 127 + fmt.top_exponent plus the least
+    k with |x| <= max_value * 2**k, so a block's largest mu gives its k. A block is left over when its
+    smallest mu is at most 127 + min_exponent + k (it may hold zeros or values under the format's
+    normal range at its scale) or when k < -100; all values of the other blocks are what
+    `split_codes` needs, normal at their scale and far from float32's limits.
+    """
+    flat = chunk.reshape(-1)
+    # split_codes reuses this buffer: mu is all it is needed for
+    biased = scratch("split_low", np.uint32, flat.shape)
+    np.add(flat.view(np.uint32), 0x7FFFFF - fmt.top_fraction, out=biased)
+    mu = np.right_shift(biased, 23, out=scratch("mu", np.uint8, flat.shape), casting="unsafe")
+    k = _block_reduce(mu, np.maximum, scratch).astype(np.int32)
+    k -= 127 + fmt.top_exponent  # under -127 only in blocks left over, whose k comes later
+    if k.max() > 96:  # split_codes would overflow; infinities and most NaN (mu 255) end here too
+        return None
+    small = _block_reduce(mu, np.minimum, scratch) <= k + (127 + fmt.min_exponent)
+    left = np.flatnonzero(small | (k < -100))
+    # A NaN whose bits carry mu past 255 (to at most 3) is in a block left over: refuse it with its chunk
+    if len(left) > len(chunk) // 8 or not np.isfinite(chunk[left]).all():
+        return None
+    offsets = ((k + 126 + fmt.min_exponent) << fmt.mantissa_bits).astype(np.uint8)  # modulo 256
+    split_codes(flat, np.repeat(offsets, BLOCK), fmt, scratch, codes.reshape(-1))
+    return k, left
+
+
+def _block_reduce(values: np.ndarray, pick: np.ufunc, scratch: Scratch) -> np.ndarray:
+    """`pick` (np.maximum or np.minimum) of each 32 consecutive uint8 `values`, by picks between
+    shifted views that halve the live bytes of every block (16 apart, then 8, 4, 2, 1): a few byte
+    passes, where np.maximum.reduceat costs one call per block. Outputs never overlap inputs, which
+    would make numpy copy them first."""
+    n, rows = values.size, values.size // BLOCK
+    first, second = scratch("reduce_a", np.uint8, (n,)), scratch("reduce_b", np.uint8, (n,))
+    pick(values[:-16], values[16:], out=first[:-16])
+    pick(first[:-24], first[8:-16], out=second[:-24])  # bytes 0-7 of each block hold what matters
+    eights = scratch("reduce_8", np.uint64, (2, rows))
+    np.copyto(eights[0], second.view(np.uint64).reshape(rows, BLOCK // 8)[:, 0])
+    a, b = eights[0].view(np.uint8), eights[1].view(np.uint8)
+    pick(a[:-4], a[4:], out=b[:-4])
+    pick(b[:-6], b[2:-4], out=a[:-6])
+    pick(a[:-7], a[1:-6], out=b[:-7])
+    return b.reshape(rows, 8)[:, 0]
+
+
+def _e4m3_times(codes: np.ndarray, factors: np.ndarray, out: np.ndarray) -> None:
+    """Write E4M3 `codes` (rows of 32) times their factors (one per row, or a scalar for all) into `out`;
+    NaN codes raise ValueError."""
+    # 0xFF is the largest byte and 0x7F the largest int8: two reductions, no temporary
+    if codes.max(initial=0) == 0xFF or codes.view(np.int8).max(initial=0) == 0x7F:
         raise ValueError("holds E4M3 NaN codes (0x7F or 0xFF)")
-    _place_codes(codes, E4M3, out)  # value * 2**-120
-    factors = factors.astype(np.float64) * 2.0**120
+    place_codes(codes, E4M3, out)  # value * 2**-120
+    factors = np.asarray(factors, np.float64) * 2.0**120
     if factors.max(initial=0.0) >= 2.0**127:
         out *= np.float32(2.0**120)  # a scale above 2**7: apply 2**120 on its own to stay finite
         factors *= 2.0**-120
-    out *= factors.astype(np.float32)[:, None]
+    if factors.ndim == 0:
+        out *= np.float32(factors)
+    else:  # repeated out to one factor per value: faster than broadcasting over rows of 32
+        out *= np.repeat(factors.astype(np.float32), BLOCK).reshape(out.shape)
 
 
 def _encode_f8(values: np.ndarray) -> dict[str, np.ndarray]:
     blocks = _as_blocks(_flat_f32(values))
     codes, scales = np.empty(blocks.shape, np.uint8), np.empty(len(blocks), np.float32)
-    for rows, chunk_codes, k in quantize_blocks(blocks, E4M3, "F8_E4M3"):
-        codes[rows], scales[rows] = chunk_codes, _pow2(k)
+    for rows, chunk_codes, k in quantize_blocks(blocks, E4M3, "F8_E4M3", codes):
+        codes[rows], scales[rows] = chunk_codes, pow2(k)  # the first is a no-op where they are one
     return {"": codes.reshape(-1), "@scale": scales}
 
 
@@ -322,9 +305,9 @@ def _decode_f8(entries: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.nda
     blocks = _block_count(prod(shape))
     codes = _entry(entries, "", np.uint8, blocks * BLOCK).reshape(blocks, BLOCK)
     scales = _entry(entries, "@scale", np.float32, blocks)
-    out, scratch = np.empty((blocks, BLOCK), np.float32), Scratch()
+    out = np.empty((blocks, BLOCK), np.float32)
     for rows in _chunks(blocks, CHUNK_BLOCKS):
-        _e4m3_times(codes[rows], scales[rows], out[rows], scratch)
+        _e4m3_times(codes[rows], scales[rows], out[rows])
     return _unpad(out, shape)
 
 
@@ -333,21 +316,21 @@ def _encode_f8_tensor(values: np.ndarray) -> dict[str, np.ndarray]:
     absmax = _largest_magnitude(flat)
     _refuse(absmax, SCALED_LIMIT, "F8_E4M3_TENSOR", flat)
     exponent = scale_exponents(np.array([absmax], np.float32), E4M3)
-    inverse = _pow2(-exponent)[0]
+    inverse = pow2(-exponent)[0]
     codes = np.empty(flat.size, np.uint8)
     for part in _chunks(flat.size, CHUNK_BLOCKS * BLOCK):
         scaled = np.abs(flat[part], out=scratch("magnitude", np.float32, flat[part].shape))
         scaled *= inverse
-        _round_codes(scaled, flat[part], E4M3, scratch, codes[part])
-    return {"": codes, "@scale": _pow2(exponent)}
+        round_codes(scaled, flat[part], E4M3, scratch, codes[part])
+    return {"": codes, "@scale": pow2(exponent)}
 
 
 def _decode_f8_tensor(entries: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
     codes = _as_blocks(_entry(entries, "", np.uint8, prod(shape)))
     scale = _entry(entries, "@scale", np.float32, 1)
-    out, scratch = np.empty(codes.shape, np.float32), Scratch()
+    out = np.empty(codes.shape, np.float32)
     for rows in _chunks(len(codes), CHUNK_BLOCKS):
-        _e4m3_times(codes[rows], np.repeat(scale, len(out[rows])), out[rows], scratch)
+        _e4m3_times(codes[rows], scale[0], out[rows])
     return _unpad(out, shape)
 
 
@@ -358,7 +341,7 @@ def _encode_f4(values: np.ndarray) -> dict[str, np.ndarray]:
         # Two codes per byte, the earlier value in the low nibble: read as little-endian uint16 pairs,
         # (pair >> 4) | pair has the later code in bits 4-7 over the earlier one in bits 0-3.
         pairs = codes.view(np.uint16)
-        np.copyto(packed[rows], (pairs >> 4) | pairs, casting="unsafe")
+        packed[rows] = (pairs >> 4) | pairs  # keeps the low byte
         scales[rows] = k + 127  # E8M0
     return {"": packed.reshape(-1), "@scale": scales}
 
