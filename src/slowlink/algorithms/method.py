@@ -8,6 +8,7 @@ and Streaming and Decoupled DiLoCo are configurations of it; a new method is a n
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol, runtime_checkable
 
 from ..arrays import Arrays
@@ -42,6 +43,11 @@ class Rounds:
     @property
     def fragments(self) -> int:
         return len(self.offsets)
+
+    @cached_property
+    def phases(self) -> frozenset[int]:
+        """The steps modulo H at which some fragment syncs: a step not among them syncs nothing."""
+        return frozenset(offset % self.sync_every for offset in self.offsets)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -92,6 +92,8 @@ def take_due(rounds: Rounds, state: NodeState) -> tuple[NodeState, Due]:
     round, by the schedule, is already committed is skipped and its steps go into the next one: a node that
     joined mid-round would otherwise be a round ahead of the others, each waiting on the other."""
     step = state.phase + state.step
+    if step % rounds.sync_every not in rounds.phases and not state.owed:
+        return state, NOTHING_DUE  # most steps: one division and one set lookup
     due = due_fragments(step, rounds.sync_every, rounds.offsets)
     if not due and not state.owed:
         return state, NOTHING_DUE

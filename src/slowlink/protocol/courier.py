@@ -129,6 +129,8 @@ class Courier:
         self.wake.set()
 
     def arrivals(self) -> list[Arrival]:
+        if not self.inbox.queue:  # most steps: nothing came (a read of the deque, without the queue's lock)
+            return []
         found = []
         while not self.inbox.empty():  # only this thread takes from it
             found.append(self.inbox.get_nowait())
