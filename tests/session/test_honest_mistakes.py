@@ -30,7 +30,7 @@ def test_ctrl_c_twice_still_releases_the_leadership_and_the_lease(tmp_path):
         child.send_signal(signal.SIGINT)
         time.sleep(0.3)  # leaving has begun: the communication thread is in a 0.4 s request
         child.send_signal(signal.SIGINT)
-        child.wait(timeout=30)
+        child.wait(timeout=90)  # leaving takes a few 0.4 s requests; a hang takes forever
     finally:
         child.kill()
     mailbox = sl.DirMailbox(path)
