@@ -12,9 +12,10 @@ demo's lr and betas):
              backward, optimizer.step, float(loss): what the simulator does per step, and nothing else.
   DiLoCo     sim.run(DiLoCo(sync_every=50), workers=8, network=Network(bandwidth="1Gbps", latency="10ms")).
   Streaming  the same with DiLoCo(sync_every=50, fragments=4, overlap_steps=1).
-The arms alternate in each repeat. Overhead is (sim wall − plain wall) / plain wall from the medians; the
-simulator's training steps are also timed inside the same run (run.py's _train_step wrapped), which gives
-its overhead without the noise between two runs. Before each run it waits for the 1-minute load average
+The arms alternate, in reverse order every other repeat: the machine's speed drifts by several percent
+over minutes, and ABC CBA puts a steady drift on every arm alike. Overhead is (sim wall − plain wall) /
+plain wall from the medians; the simulator's training steps are also timed inside the same run (run.py's
+_train_step wrapped), which gives its overhead without the noise between two runs. Before each run it waits for the 1-minute load average
 to fall below --max-load (the machine is shared), and a run that got under 95% of its core (CPU time /
 wall time) is run again; every run's load and core share are in the table. With 100 steps DiLoCo syncs
 twice and every fragment of the Streaming form at least once (fragment q first at step 50 + 12·q).
@@ -146,7 +147,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {"plain": [], **{name: [] for name in METHODS}}
     rows = []
     for repeat in range(args.repeats):
-        for arm in runs:
+        for arm in list(runs) if repeat % 2 == 0 else reversed(runs):  # ABC CBA: a drift falls on every arm
             for attempt in range(1, RETRIES + 2):
                 gc.collect()
                 load = wait_for_quiet(args.max_load)
@@ -176,7 +177,8 @@ The plain loop trains the {WORKERS} models step-major without slowlink; `sim.run
 `DiLoCo(sync_every={SYNC_EVERY})` ({commits["DiLoCo"]} commits) and, for information, the Streaming form
 `DiLoCo(sync_every={SYNC_EVERY}, fragments=4, overlap_steps=1)` ({commits["Streaming"]} commits), over
 `Network(bandwidth="1Gbps", latency="10ms")`. The sim's time is the whole `sim.run` call, building the
-models included; the plain loop's is its steps only. Medians of {args.repeats} runs per arm, alternating;
+models included; the plain loop's is its steps only. Medians of {args.repeats} runs per arm, alternating
+(ABC, then CBA);
 "in-run" is the sim's wall time over the time inside its own training steps (run.py's `_train_step`, timed
 in the same run). Target: the simulator's overhead under 10% for 8 workers.
 
