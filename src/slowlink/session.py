@@ -315,17 +315,20 @@ class Session:
     def batch_size(self) -> int:
         """This node's share of global_batch_size: divided by the nodes live now, rounded up. It follows the
         run's membership as nodes join and leave: read it again each step (or epoch), not once. Read right
-        after joining, it first waits for the communication thread to read the leases once more (one lease
-        beat, at most three: 6 s), so that nodes started at the same time count."""
+        after joining, it first waits for the communication thread to read the leases once more, a couple
+        of seconds after joining (at most three times that), so that nodes started at the same time count."""
         if self._state == "new":
             raise SessionStateError("session.batch_size is known once the Session is entered (`with`)")
         if self.rounds.global_batch_size is None:
             raise ConfigError(
                 "session.batch_size needs DiLoCo(global_batch_size=...): the batch all nodes share"
             )
-        deadline = self._entered_at + 3 * self.courier.beat_seconds
+        settle = self.courier.watch_seconds  # long enough for nodes started with this one to write theirs
+        deadline = self._entered_at + 3 * settle
         while self.courier.leases_read <= self._leases_read_at_join and self.clock.now() < deadline:
-            self.clock.sleep(min(0.01, self.courier.beat_seconds / 10))
+            if self.clock.now() >= self._entered_at + settle:
+                self.courier.request_leases()
+            self.clock.sleep(min(0.01, settle / 10))
         return math.ceil(self.rounds.global_batch_size / len(self.courier.live_nodes()))
 
 

@@ -35,16 +35,20 @@ class CommitWriter:
         self.unreadable: dict[str, int] = {}  # commit key -> turns it failed its checks in (junk or squatted)
 
     def write(self, fragment: int, round_: int, params: Arrays, anchor: Arrays, state: Arrays, fields: dict,
-              head: list[int]) -> tuple[Arrays, dict] | None:  # fmt: skip
+              head: list[int]) -> tuple[Arrays, dict, int] | None:  # fmt: skip
         """Commit round `round_` of `fragment`: `params` as the method computed them on `anchor`, the outer
         `state`, and the record's other `fields`. Returns the parameters committed (anchor plus the decoded
-        change) and the record, or None if another leader's commit is the round's."""
+        change), the record and the bytes of its change and parameters blobs, or None if another leader's
+        commit is the round's."""
         header = self.run.expect(fragment=fragment, round=round_)
         committed, change_sha, residual, change_bytes = self._change(fragment, params, anchor, header)
         snapshot = change_sha is None or self._snapshot_due(fragment, round_, change_bytes, bool(state))
         params_header = header | {"kind": "params"}
+        blob_bytes = change_bytes
         if snapshot:
-            params_sha = put_blob(self.mailbox, payload.pack(committed, params_header))
+            data = payload.pack(committed, params_header)
+            params_sha, blob_bytes = put_blob(self.mailbox, data), blob_bytes + len(data)
+            del data
         else:  # the digest of the payload a snapshot would hold, without building it
             params_sha = payload.digest_of(committed, params_header)
         # A method that keeps no state (e.g. DiLoCo without momentum) stores none.
@@ -61,7 +65,7 @@ class CommitWriter:
             self.residuals[fragment] = residual
         if snapshot:
             self.last_snapshot[fragment] = round_
-        return committed, record
+        return committed, record, blob_bytes
 
     def _change(self, fragment: int, params: Arrays, anchor: Arrays, header: dict):
         """(committed parameters, change sha, new residual, change bytes); without a lossy commit encoding,
@@ -130,23 +134,24 @@ class CommitWriter:
         return False
 
 
-def collect_garbage(mailbox: Mailbox, fragment: int, round_: int) -> None:
-    """Drop the previous round's contributions, and the blobs no kept commit needs: once commit
-    round_ − KEEP_COMMITS + 1 is a snapshot, every kept commit rebuilds from it or after it, so the blobs of
-    the chain before it (back to and with the snapshot that chain started from) go."""
-    stale = [listing.key for listing in mailbox.list(keys.round_folder(fragment, round_ - 1))]
+def chain_garbage(fragment: int, round_: int, read: Callable[[int], dict | None]) -> list[str]:
+    """The blobs no kept commit needs once round_ is committed: when commit round_ − KEEP_COMMITS + 1 is a
+    snapshot, every kept commit rebuilds from it or after it, so the blobs of the chain before it (back to
+    and with the snapshot that chain started from) go. read(round) gives a commit record of `fragment`."""
     oldest_kept = round_ - KEEP_COMMITS + 1
-    record = read_commit(mailbox, fragment, oldest_kept) if oldest_kept > 1 else None
-    if record is not None and record.get("snapshot", True):
-        for old in range(oldest_kept - 1, max(0, oldest_kept - 1 - MAX_CHAIN), -1):
-            if (earlier := read_commit(mailbox, fragment, old)) is None:
-                break
-            stale += [
-                keys.blob(earlier[field]) for field in ("params", "outer_state", "change") if earlier[field]
-            ]
-            if earlier.get("snapshot", True):
-                break
-    mailbox.delete(stale)
+    record = read(oldest_kept) if oldest_kept > 1 else None
+    if record is None or not record.get("snapshot", True):
+        return []
+    stale = []
+    for old in range(oldest_kept - 1, max(0, oldest_kept - 1 - MAX_CHAIN), -1):
+        if (earlier := read(old)) is None:
+            break
+        stale += [
+            keys.blob(earlier[field]) for field in ("params", "outer_state", "change") if earlier[field]
+        ]
+        if earlier.get("snapshot", True):
+            break
+    return stale
 
 
 def read_commit_twice(mailbox: Mailbox, fragment: int, round_: int) -> dict | None | str:

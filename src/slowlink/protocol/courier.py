@@ -3,8 +3,10 @@ joining (engine/channel.py is the interface it offers the driver).
 
 Each turn it uploads queued contributions, polls head.json with a conditional GET and fetches new
 commits, beats its lease, watches or renews the leadership, and, when it leads, tries to close each
-fragment's next round. It talks to the training thread through two queues only: contributions in,
-alignments (new commits, and whether they hold this node's contribution) out.
+fragment's next round. Turns come every poll_seconds while a round this node takes part in is open, a few
+times less often otherwise; the lease is beaten a few times per lease, the leases and leader.json are read
+every couple of seconds only where they are needed. It talks to the training thread through two queues
+only: contributions in, alignments (new commits, and whether they hold this node's contribution) out.
 """
 
 import os
@@ -28,10 +30,13 @@ from ..wire import payload
 from ..wire.compress import compress
 from ..wire.error_feedback import encode_arrays_with_feedback
 from . import keys, records
-from .leader import Leadership, Liveness
+from .leader import Leadership, Liveness, writer
 from .leader import beat_seconds as beat_interval
 from .merger import Merger
 from .run import Run, advance_head, apply_change, params_at, probe_newest, read_commit, read_head
+
+BACKOFF = 1.25  # each turn without news waits this much longer: news is seen late by at most a quarter
+WATCH_SECONDS = 2.0  # how stale the leases may be for closing a round early, or leader.json for one waiting
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,13 @@ class Courier:
         self.residual_in_flight: dict[int, Arrays] = {}
         self.poll_seconds, self.lease_seconds = poll_seconds, lease_seconds
         self.beat_seconds = beat_seconds if beat_seconds is not None else beat_interval(lease_seconds)
+        self.watch_seconds = min(self.beat_seconds, WATCH_SECONDS)
+        # Reading every lease a quarter lease apart keeps each live one seen rising within a lease.
+        self.observe_seconds = max(self.beat_seconds, lease_seconds / 4)
+        self._syncs_every = method.rounds(len(run.plan)).sync_every / len(run.plan)  # steps between syncs
+        self._quiet_turns, self._news = 0, False
+        self._observed_at = self._leader_checked_at = self._started_at = self._head_read_at = float("-inf")
+        self._leases_wanted = threading.Event()
         self.outbox: queue.Queue[Contribution] = queue.Queue()
         self.inbox: queue.Queue[Arrival] = queue.Queue()
         self.wake = threading.Event()
@@ -95,8 +107,15 @@ class Courier:
         return len(self.run.plan)
 
     def start(self) -> None:
+        self._started_at = self.clock.now()
         self._beat_lease()
+        self._observe_leases()
         self._thread.start()
+
+    def request_leases(self) -> None:
+        """Read the leases on the next turn (session.batch_size waits for that after joining)."""
+        self._leases_wanted.set()
+        self.wake.set()
 
     def stop(self) -> None:
         """Stop the thread, then leave: finish an unnamed commit, release the leadership, drop the lease.
@@ -111,7 +130,7 @@ class Courier:
             interrupted = error
         leaving = [self.leadership.release, lambda: self.mailbox.delete([keys.node(self.node_id)])]
         if self.leadership.is_leader and interrupted is None:  # first, a commit head.json does not name yet
-            leaving.insert(0, self._recover_head)
+            leaving[:0] = [self._recover_head, lambda: self.merger.tidy(final=True)]
         for part in leaving:  # each its own chance: nobody should wait a lease for a node that left
             try:
                 part()
@@ -146,7 +165,13 @@ class Courier:
         return list(self.head)
 
     def live_nodes(self, fresh: bool = False) -> set[str]:
-        if fresh:
+        """fresh=True: from leases read within the last watch_seconds, and not in the first watch_seconds
+        after this node started, when the nodes started with it may not have written theirs yet (reading
+        them now otherwise). A node that joins later has no contribution to wait for before its first H steps."""
+        if fresh and (
+            self.clock.now() - self._observed_at >= self.watch_seconds
+            or self._observed_at - self._started_at < self.watch_seconds
+        ):
             self._observe_leases()
         live = {key.removeprefix(keys.NODES).removesuffix(".json") for key in self.liveness.live_keys()}
         return live | {self.node_id}
@@ -155,20 +180,43 @@ class Courier:
         while not self._stopping.is_set():
             try:
                 self.turn()
+                self._quiet_turns = 0 if self._news else self._quiet_turns + 1
             except (MailboxError, PayloadError) as error:
                 self.emit(Event("mailbox_error", self.node_id, str(error), {"error": type(error).__name__}))
             except BaseException as error:  # a bug: hand it to the training thread, which raises it
                 self.failure = error
                 return
-            self.clock.wait(self.wake, self.poll_seconds)
+            self.clock.wait(self.wake, self._pause())
             self.wake.clear()
+
+    def _pause(self) -> float:
+        """Seconds to the next turn: poll_seconds after news (a commit, a contribution, a merge), then
+        BACKOFF times longer each quiet turn, up to a quarter of this node's time between two of its syncs
+        (within poll_seconds and beat_seconds): a node that waits long looks less and less often."""
+        between_syncs = self.status().step_seconds * self._syncs_every
+        longest = min(self.beat_seconds, max(self.poll_seconds, between_syncs / 4))
+        return min(longest, self.poll_seconds * BACKOFF ** min(self._quiet_turns, 64))
 
     def turn(self) -> None:
         """One pass of the communication loop (also called directly by tests)."""
+        self._news = False
         self._send_contributions()
-        self._poll_head()
-        if self.clock.now() - self._last_beat >= self.beat_seconds:
+        now = self.clock.now()
+        # The merger writes head.json itself: it reads it once a beat, to notice another merger's commits.
+        if not self.leadership.is_leader or now - self._head_read_at >= self.beat_seconds:
+            self._head_read_at = now
+            self._poll_head()
+        if now - self._last_beat >= self.beat_seconds:
             self._beat_lease()
+        if self._leases_wanted.is_set() or now - self._observed_at >= self.observe_seconds:
+            self._leases_wanted.clear()
+            self._observe_leases()  # the merger also reads them when a round could close (live_nodes)
+        # A follower reads leader.json once a beat, or every watch_seconds while it awaits a commit: a
+        # merger that left or died is replaced soon when someone needs it, cheaply when nobody does.
+        watch = self.watch_seconds if self.sent else self.beat_seconds
+        if not self.leadership.is_leader and now - self._leader_checked_at < watch:
+            return
+        self._leader_checked_at = now
         change = self.leadership.tick()
         if change == "elected":
             self.emit(
@@ -206,7 +254,6 @@ class Courier:
         if item.prepared is None:
             item.prepared = self._prepare(item, round_)
         data, sha, norm = item.prepared
-        self.mailbox.put(keys.contribution_payload(item.fragment, round_, self.node_id, sha), data)
         record = {
             "node": self.node_id,
             "fragment": item.fragment,
@@ -221,6 +268,8 @@ class Courier:
         }
         # Awaited from before the record's PUT: if it lands with its answer lost, the commit naming it is ours.
         self.sent[item.fragment] = (round_, sha)
+        self._news = True
+        self.mailbox.put(keys.contribution_payload(item.fragment, round_, self.node_id, sha), data)
         self.mailbox.put(keys.contribution(item.fragment, round_, self.node_id), records.encode(record))
         self.emit(Event("contribution_sent", self.node_id,
                         f"fragment {item.fragment} round {round_}: {item.steps} steps, {len(data)} bytes",
@@ -284,13 +333,14 @@ class Courier:
                                 f"fragment {fragment} round {version}: {error}; rebuilding it from the newest snapshot",
                                 {"fragment": fragment, "round": version, "reason": str(error)}))  # fmt: skip
         if params is None:
-            params = params_at(self.mailbox, self.run, fragment, version)
+            params = params_at(self.mailbox, self.run, fragment, version, record)
         self._deliver(fragment, version, params, record)
 
     def _deliver(self, fragment: int, version: int, params: Arrays, record: dict) -> None:
         # The fate first: it may read the store, and if that fails nothing has changed, so the next turn
         # delivers this commit again instead of losing what became of this node's contribution.
         mine = self._fate_of_mine(fragment, version, record)
+        self._news = True
         self.latest[fragment] = (version, params)
         self.inbox.put(Arrival(fragment, version, params, mine))
 
@@ -320,10 +370,10 @@ class Courier:
             "versions": [version for version, _ in (self.latest[q] for q in range(self.fragments))],
             "leader": self.leadership.is_leader,
             "life": self.life,
+            **writer(),
         }
         self.mailbox.put(keys.node(self.node_id), records.encode(lease))
         self._last_beat = self.clock.now()
-        self._observe_leases()
 
     def _observe_leases(self) -> None:
         """List nodes/, then read the leases whose content changed: a node is live while its beat rises.
@@ -341,6 +391,7 @@ class Courier:
                     continue  # read again on the next look
                 self.liveness.observe(item.key, item.etag, beat)
         self.liveness.forget_absent(present)
+        self._observed_at = self.clock.now()
         self.leases_read += 1
         if self.leadership.is_leader and (gone := self.liveness.gone_for(2 * self.lease_seconds)):
             self.mailbox.delete(gone)

@@ -52,6 +52,15 @@ def parse_contribution(key: str) -> tuple[int, int, str] | None:
     return (int(match.group(1)), int(match.group(2)), match.group(3)) if match else None
 
 
+_ROUND_KEY = re.compile(r"^rounds/(\d{4})/(\d{10})/")
+
+
+def round_of(key: str) -> tuple[int, int] | None:
+    """(fragment, round) of any key in a round's folder, records and payloads alike."""
+    match = _ROUND_KEY.match(key)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
 def contribution(fragment: int, round_: int, node_id: str) -> str:
     return f"{round_folder(fragment, round_)}{node_id}.json"
 

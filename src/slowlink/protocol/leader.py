@@ -7,6 +7,8 @@ compare-and-swap once no newer (term, beat) has appeared for `lease_seconds`; th
 compare-and-swap too, and overwrites a stale record (an older term replayed) instead of giving way to it.
 """
 
+import os
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -20,7 +22,8 @@ PAST_REMEMBERED = 1024  # leases gone from the listing whose beats are still rem
 
 
 def beat_seconds(lease_seconds: float) -> float:
-    """How often a node rewrites its lease: often enough that a quarter lease always sees a new beat."""
+    """How often a node rewrites its lease: often enough that a quarter lease always sees a new beat, and
+    that `slowlink status`, watching for a couple of seconds, sees a live node's lease change."""
     return min(lease_seconds / 4, 2.0)
 
 
@@ -108,17 +111,18 @@ def refuse_if_live(
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """Refuse to start a node under an id another live process holds. With a lease already under this id,
-    watch it for one and a half beats: a beat that rises is another process beating it, and this node
-    must not share its id (both would send contributions and leases as one); a lease that stays still is
-    an earlier life of this node, crashed, which this one replaces."""
+    written on this machine by a process that is gone, that process crashed: this one replaces it at
+    once. Otherwise watch the lease for one and a half beats: a beat that rises is another process beating
+    it, and this node must not share its id (both would send contributions and leases as one); a lease that
+    stays still is an earlier life of this node, crashed, which this one replaces."""
     key = keys.node(node_id)
     first, etag = _lease_beat(mailbox, key, None)
-    if first is None:
+    if first is None or _written_by_a_gone_process(first):
         return
     interval = beat_seconds(lease_seconds)
     deadline = clock() + 1.5 * interval
     while clock() < deadline:
-        sleep(min(0.1, interval / 4))
+        sleep(min(0.5, interval / 8))
         beat, etag = _lease_beat(mailbox, key, etag)
         if beat is not None and (beat[0] != first[0] or beat[1] > first[1]):
             raise ConfigError(
@@ -128,8 +132,28 @@ def refuse_if_live(
             )
 
 
-def _lease_beat(mailbox: Mailbox, key: str, etag: str | None) -> tuple[tuple[str, int] | None, str | None]:
-    """(life, beat) of the lease at `key` if it changed since `etag` and reads whole, and its etag."""
+def writer() -> dict:
+    """What a lease says of the process writing it: its machine and process id."""
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def _written_by_a_gone_process(beat: tuple[str, int, dict]) -> bool:
+    host, pid = beat[2].get("host"), beat[2].get("pid")
+    if host != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # it exists, under another user
+    return False
+
+
+def _lease_beat(
+    mailbox: Mailbox, key: str, etag: str | None
+) -> tuple[tuple[str, int, dict] | None, str | None]:
+    """(life, beat, record) of the lease at `key` if it changed since `etag` and reads whole, and its etag."""
     try:
         found = mailbox.get(key, if_none_match=etag, max_bytes=records.READ_LIMIT)
         if found is None or found.data is None:
@@ -137,7 +161,7 @@ def _lease_beat(mailbox: Mailbox, key: str, etag: str | None) -> tuple[tuple[str
         record = records.decode(found.data, records.LEASE_FIELDS, what=key)
     except PayloadError:
         return None, etag
-    return (record.get("life", ""), record["beat"]), found.etag
+    return (record.get("life", ""), record["beat"], record), found.etag
 
 
 class Leadership:

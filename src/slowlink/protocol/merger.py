@@ -3,7 +3,9 @@ accepted ones, applies the outer optimizer and commits. The commit is create-onc
 can never commit a round twice: the loser adopts the winner's record.
 
 A round closes when every live node has contributed, or when `quorum_size` contributions are in and the
-grace window since the quorum has passed. Contributions are streamed into the merge one at a time.
+grace window since the quorum has passed. Contributions are streamed into the merge one at a time. What a
+commit leaves to tidy (summary.json, merged rounds' folders, blobs no kept commit needs) is done every
+TIDY_SECONDS in one request or two, not per commit.
 """
 
 import math
@@ -23,19 +25,23 @@ from ..events import Event
 from ..mailbox.contract import Mailbox
 from ..wire import payload
 from . import keys, records
-from .commits import CommitWriter, collect_garbage
+from .commits import CommitWriter, chain_garbage
 from .run import (
+    KEEP_COMMITS,
+    MAX_CHAIN,
     Run,
+    Written,
     advance_head,
     get_blob,
     newest_snapshot,
     read_commit,
 )
-from .summary import record_commit
+from .summary import Landed, record_commits
 
 HISTORY = 16  # recent norms per fragment and samples per step per node kept for judging later rounds
 MAX_CLAIM_RATIO = 4.0  # how far a node's reported samples per step may exceed the others' (bounded_claims)
 STEP_CAP_ROUNDS = 16  # a Δ counts as spanning at most this many rounds of steps, carried ones included
+TIDY_SECONDS = 10.0  # how often the merger folds its commits into summary.json and deletes what they left
 
 
 @dataclass
@@ -44,7 +50,6 @@ class OpenRound:
     accepted: dict[str, dict] = field(default_factory=dict)  # node -> contribution record
     rejected: dict[str, str] = field(default_factory=dict)  # node -> reason
     quorum_at: float | None = None
-    leases_read: bool = False  # read afresh once the quorum is in, so a node that joined since is waited for
     norms: dict[str, float] = field(default_factory=dict)  # node -> ‖Δ‖ measured from its payload
     steps: dict[str, int] = field(default_factory=dict)  # node -> the steps its Δ is taken to span (bounded)
 
@@ -77,6 +82,12 @@ class Merger:
         self.recent_per_step: dict[str, deque[float]] = {}
         self.writer = CommitWriter(mailbox, run, self.wire, node_id, emit)
         self._step_cap = STEP_CAP_ROUNDS * self.rounds.sync_every
+        self.head_written: Written | None = None  # head.json as this node last wrote it
+        self.records: dict[tuple[int, int], dict] = {}  # (fragment, round) -> commit record, recent ones
+        self.landed: list[Landed] = []  # commits written and not yet in summary.json
+        self.garbage: set[str] = set()  # keys to delete on the next tidy
+        self.payload_bytes: dict[tuple[int, int, str], int] = {}  # (fragment, round, node) -> payload size
+        self._tidied_at = clock()
 
     def step(
         self,
@@ -96,6 +107,9 @@ class Merger:
             parsed = keys.parse_contribution(listing.key)
             if parsed is not None:
                 records_by_round.setdefault(parsed[:2], []).append(listing.key)
+            folder = keys.round_of(listing.key)
+            if folder is not None and folder[0] < len(head) and folder[1] < head[folder[0]]:
+                self.garbage.add(listing.key)  # a round before the newest commit: merged, or too late
         committed = []
         for fragment, (version, anchor) in sorted(versions.items()):
             current = self.open.get(fragment)
@@ -110,6 +124,28 @@ class Merger:
             ):
                 committed.append(done)
         return committed
+
+    def tidy(self, *, final: bool = False) -> None:
+        """Every TIDY_SECONDS (and when the node leaves, `final`): fold the commits written since into
+        summary.json and delete the garbage they left. A store failure keeps them for the next time."""
+        if not final and self.clock() - self._tidied_at < TIDY_SECONDS:
+            return
+        self._tidied_at = self.clock()
+        if final:  # the rounds merged since the last listing
+            for listing in self.mailbox.list(keys.ROUNDS):
+                folder = keys.round_of(listing.key)
+                if folder is not None and folder[0] < len(self.head) and folder[1] < self.head[folder[0]]:
+                    self.garbage.add(listing.key)
+        if self.landed:
+            try:
+                record_commits(self.mailbox, len(self.run.plan), self.landed)
+                self.landed = []
+            except (MailboxError, PayloadError) as error:
+                self.emit(Event("mailbox_error", self.node_id, f"summary.json not updated with "
+                                f"{len(self.landed)} commit(s): {error}", {"error": type(error).__name__}))  # fmt: skip
+        if self.garbage:
+            self.mailbox.delete(sorted(self.garbage))
+            self.garbage.clear()
 
     def _read_new_contributions(self, fragment: int, current: OpenRound, record_keys: list[str]) -> None:
         for key in record_keys:
@@ -151,18 +187,19 @@ class Merger:
                         {"round": current.round, "from": node, "reason": reason}))  # fmt: skip
 
     def _ready(self, current: OpenRound, live_nodes: Callable[[bool], set[str]]) -> bool:
+        """Closing before the quorum and grace say so needs every live node to have reported, on a fresh
+        view of the leases: read only when the view at hand says the round could close, so that waiting
+        for a node costs no reads."""
         if not current.accepted:
             return False
         reported = set(current.accepted) | set(current.rejected)
-        if current.quorum_at is None:
-            # Short of the quorum, a round closes only once every live node has reported: read the
-            # leases afresh, so that a node that joined a moment ago is waited for.
-            return live_nodes(True) <= reported
-        fresh, current.leases_read = not current.leases_read, True
+        if current.quorum_at is None:  # short of the quorum, only every live node's report closes it
+            return live_nodes(False) <= reported and live_nodes(True) <= reported
         grace = rounds_.grace_seconds(
             self.rounds, [record["step_seconds"] for record in current.accepted.values()]
         )
-        return rounds_.closes(every_live_node_reported=live_nodes(fresh) <= reported,
+        every_live_node_reported = live_nodes(False) <= reported and live_nodes(True) <= reported
+        return rounds_.closes(every_live_node_reported=every_live_node_reported,
                               quorum_since=current.quorum_at, now=self.clock(), grace=grace)  # fmt: skip
 
     def _contributions(
@@ -192,8 +229,10 @@ class Merger:
         found = self.mailbox.get(keys.contribution_payload(fragment, round_, node, sha), max_bytes=limit)
         if found is None or found.data is None:
             raise PayloadError("its payload is missing from the mailbox")
+        data = found.data
+        self.payload_bytes[(fragment, round_, node)] = len(data)
         delta, _ = payload.unpack(
-            found.data,
+            data,
             expected_digest=sha,
             expect=self.run.expect(kind="delta", fragment=fragment, round=round_, node=node),
             max_bytes=limit,
@@ -299,9 +338,10 @@ class Merger:
         written = self.writer.write(fragment, current.round, params, anchor, state, fields, self.head)
         if written is None:
             return None  # that commit is the round's; this node fetches it like any other
-        params, record = written
-        advance_head(self.mailbox, list(self.head), fragment, current.round)
-        self._summarize(record)
+        params, record, blob_bytes = written
+        self.head_written = advance_head(
+            self.mailbox, list(self.head), fragment, current.round, self.head_written
+        )
         self.outer_states[fragment] = (current.round, state)
         self._remember(fragment, record["contributors"])
         self.emit(Event("round_merged", self.node_id,
@@ -309,17 +349,32 @@ class Merger:
                         + (f", {len(current.rejected)} rejected" if current.rejected else ""),
                         {"fragment": fragment, "round": current.round, "contributors": sorted(accepted),
                          "rejected": dict(current.rejected)}))  # fmt: skip
-        collect_garbage(self.mailbox, fragment, current.round)
+        self._leave_to_tidy(fragment, current.round, record, blob_bytes)
+        del self.open[fragment]
         return Committed(fragment, current.round, params, record)
 
-    def _summarize(self, record: dict) -> None:
-        """Fold the commit into summary.json, the run's history for `slowlink status` and `report`."""
-        try:
-            record_commit(self.mailbox, len(self.run.plan), record)
-        except (MailboxError, PayloadError) as error:
-            self.emit(Event("mailbox_error", self.node_id, f"summary.json not updated after fragment "
-                            f"{record['fragment']} round {record['round']}: {error}",
-                            {"error": type(error).__name__}))  # fmt: skip
+    def _leave_to_tidy(self, fragment: int, round_: int, record: dict, blob_bytes: int) -> None:
+        measured = {
+            key[2]: self.payload_bytes.pop(key)
+            for key in list(self.payload_bytes)
+            if key[:2] == (fragment, round_)
+        }
+        sizes = {c["node"]: measured[c["node"]] for c in record["contributors"] if c["node"] in measured}
+        self.landed.append(Landed(record, self.mailbox.clock(), sizes, blob_bytes))
+        self.records[(fragment, round_)] = record
+        self.garbage.update(chain_garbage(fragment, round_, lambda old: self._record(fragment, old)))
+        for key in [
+            key for key in self.records if key[0] == fragment and key[1] < round_ - KEEP_COMMITS - MAX_CHAIN
+        ]:
+            del self.records[key]
+        self.tidy()
+
+    def _record(self, fragment: int, round_: int) -> dict | None:
+        """A commit record of this fragment: from memory if this node wrote or read it, else from the store."""
+        record = self.records.get((fragment, round_))
+        if record is None and (record := read_commit(self.mailbox, fragment, round_)) is not None:
+            self.records[(fragment, round_)] = record
+        return record
 
 
 def _contributors(

@@ -208,6 +208,8 @@ LEASE_FIELDS = {
     "versions": Omittable(ListOf(COUNT)),
     "leader": Omittable(bool),
     "life": Omittable(Text()),  # one per start of the node: beats are compared within a life
+    "host": Omittable(Text()),  # the machine and process writing it: a restart on the same machine
+    "pid": Omittable(COUNT),  # knows at once whether the process it replaces is gone
 }
 CONTRIBUTION_FIELDS = {
     "node": NODE,

@@ -173,6 +173,9 @@ def check_config(mine: dict, run: dict) -> None:
         )
 
 
+Written = tuple[list[int], str | None]  # head.json's versions and etag, as written or read
+
+
 def read_head(
     mailbox: Mailbox, fragments: int, *, etag: str | None = None
 ) -> tuple[list[int] | None, str | None]:
@@ -188,12 +191,25 @@ def read_head(
     return versions, found.etag
 
 
-def advance_head(mailbox: Mailbox, known: list[int], fragment: int, round_: int) -> None:
-    """Move the head of `fragment` forward to `round_` by compare-and-swap; never move it back.
+def advance_head(
+    mailbox: Mailbox, known: list[int], fragment: int, round_: int, last: Written | None = None
+) -> Written:
+    """Move the head of `fragment` forward to `round_` by compare-and-swap; never move it back. Returns
+    head.json as it now stands (versions, etag).
 
-    known: the newest commit of each fragment that this node has read and checked. An unreadable head.json
-    (forged, unsigned, garbled) is rewritten from these and the readable commits after them, never from a
-    listing of commit keys, which anyone who can write to the store could fill with junk."""
+    known: the newest commit of each fragment that this node has read and checked. last: head.json as this
+    node last wrote it; while nobody else has written since, one PUT on that etag moves it. An unreadable
+    head.json (forged, unsigned, garbled) is rewritten from `known` and the readable commits after them,
+    never from a listing of commit keys, which anyone who can write to the store could fill with junk."""
+    if last is not None and last[1] is not None:
+        versions = [max(mine, theirs) for mine, theirs in zip(last[0], known, strict=True)]
+        if versions[fragment] >= round_:
+            return last
+        versions[fragment] = round_
+        try:
+            return versions, mailbox.put(keys.HEAD, records.encode({"versions": versions}), if_match=last[1])
+        except PreconditionFailed:
+            pass  # another leader moved it: read it, as below
     fragments = len(known)
     while True:
         try:
@@ -204,14 +220,13 @@ def advance_head(mailbox: Mailbox, known: list[int], fragment: int, round_: int)
             etag, rebuilt = listed_etag(mailbox, keys.HEAD), True
         assert versions is not None
         if versions[fragment] >= round_ and not rebuilt:
-            return
+            return versions, etag
         versions[fragment] = max(versions[fragment], round_)
         try:
+            data = records.encode({"versions": versions})
             if etag is None:
-                mailbox.put(keys.HEAD, records.encode({"versions": versions}), if_absent=True)
-            else:
-                mailbox.put(keys.HEAD, records.encode({"versions": versions}), if_match=etag)
-            return
+                return versions, mailbox.put(keys.HEAD, data, if_absent=True)
+            return versions, mailbox.put(keys.HEAD, data, if_match=etag)
         except PreconditionFailed:
             continue  # someone else moved it; read again
 
@@ -315,10 +330,11 @@ def newest_params(mailbox: Mailbox, run: Run, fragment: int, version: int) -> tu
     )
 
 
-def params_at(mailbox: Mailbox, run: Run, fragment: int, version: int) -> Arrays:
+def params_at(mailbox: Mailbox, run: Run, fragment: int, version: int, record: dict | None = None) -> Arrays:
     """The parameters of commit `version`: the newest snapshot at or before it, plus the changes since, each
-    step checked against the digest its commit names. At most MAX_CHAIN commits are read."""
-    chain = commit_chain(mailbox, fragment, version)
+    step checked against the digest its commit names. At most MAX_CHAIN commits are read; `record`, the
+    commit's record when the caller has just read it, is not read again."""
+    chain = commit_chain(mailbox, fragment, version, record)
     first, record = chain[0]
     sha = run.initial[fragment] if record is None else record["params"]
     params = load_params(mailbox, run, fragment, first, sha)
@@ -344,13 +360,17 @@ def apply_change(
     return params
 
 
-def commit_chain(mailbox: Mailbox, fragment: int, version: int) -> list[tuple[int, dict | None]]:
+def commit_chain(
+    mailbox: Mailbox, fragment: int, version: int, newest: dict | None = None
+) -> list[tuple[int, dict | None]]:
     """(round, record) from the newest snapshot at or before `version` up to `version`, oldest first; a chain
-    that reaches back to the initial model starts with (0, None)."""
+    that reaches back to the initial model starts with (0, None). newest: the record of `version`, if read."""
     chain: list[tuple[int, dict | None]] = []
     round_ = version
     while round_ > 0:
-        record = read_commit(mailbox, fragment, round_)
+        record = (
+            newest if round_ == version and newest is not None else read_commit(mailbox, fragment, round_)
+        )
         if record is None:
             raise PayloadError(f"{keys.commit(fragment, round_)} is missing")
         chain.append((round_, record))

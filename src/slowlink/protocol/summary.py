@@ -2,8 +2,9 @@
 `slowlink status` and `slowlink report` know every node that ever contributed (leases vanish when nodes
 leave) and the run's history without reading it all back.
 
-`update_summary` is a pure function of the summary and one commit record; `record_commit` is the
-merger's hook (read, update, compare-and-swap: a constant number of requests per commit). The summary
+`update_summary` is a pure function of the summary and one commit record; `record_commits` is the
+merger's hook (read, update, compare-and-swap: two requests for any number of commits; the merger folds
+its commits in every few seconds). The summary
 stays bounded: per node and per fragment totals, the last MAX_TIMELINE commits (older ones thinned),
 the last MAX_LEADER_CHANGES changes of merger. It is a report, never a commit point: nothing in the
 protocol reads it, and a missing or unreadable one only costs the history before it.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 from ..errors import PayloadError, PreconditionFailed
 from ..mailbox.contract import Mailbox
@@ -165,12 +167,29 @@ def _sizes(mailbox: Mailbox, record: dict) -> tuple[dict[str, int], int]:
     return payload_bytes, commit_bytes
 
 
+@dataclass(frozen=True)
+class Landed:
+    """A commit as the merger wrote it, waiting to be folded into the summary: its record, the store's
+    clock when it landed, each contributor's payload size (node -> bytes) and its own blobs' size."""
+
+    record: dict
+    time: float
+    payload_bytes: dict[str, int]
+    commit_bytes: int
+
+
 def record_commit(mailbox: Mailbox, fragments: int, record: dict) -> None:
-    """The merger's hook: after writing commits/<fragment>/<round>.json (`record`, as written), fold it
-    into summary.json by compare-and-swap. First folds in, from their records, the commits of this
-    fragment the summary missed (a merger that died between its commit and this call), up to
-    MAX_GAP_FILL. Costs 1 GET, 2-3 LISTs and 1 PUT per commit. Raises MailboxError when the store fails:
-    the next commit's call catches up."""
+    """Fold one commit into summary.json, measuring its sizes from listings (a merger folds many at once
+    with record_commits and the sizes it already knows)."""
+    payload_bytes, commit_bytes = _sizes(mailbox, record)
+    record_commits(mailbox, fragments, [Landed(record, mailbox.clock(), payload_bytes, commit_bytes)])
+
+
+def record_commits(mailbox: Mailbox, fragments: int, landed: list[Landed]) -> None:
+    """The merger's hook: after writing commits (`landed`, in the order written), fold them into
+    summary.json by compare-and-swap: one GET and one PUT however many. First folds in, from their
+    records, the commits of each fragment the summary missed (a merger that died before folding its own),
+    up to MAX_GAP_FILL. Raises MailboxError when the store fails: the merger keeps them for the next call."""
     from .run import read_commit  # run.py stays free to import this module
 
     while True:
@@ -180,21 +199,22 @@ def record_commit(mailbox: Mailbox, fragments: int, record: dict) -> None:
             summary = None
             etag = next((item.etag for item in mailbox.list(SUMMARY) if item.key == SUMMARY), None)
         base = summary if summary is not None else empty_summary(fragments)
-        fragment, round_ = record["fragment"], record["round"]
         updated = base
-        first_missing = base["fragments"][fragment]["round"] + 1
-        fill_from = max(first_missing, round_ - MAX_GAP_FILL) if summary is not None else round_
-        if fill_from > first_missing and round_ > base["fragments"][fragment]["round"]:
-            # history this summary will never hold: a gap too long to read back, or a run that began before it
-            updated = json.loads(json.dumps(base))
-            updated["commits_unsummarized"] += fill_from - first_missing
-        for missed in range(fill_from, round_):
-            earlier = read_commit(mailbox, fragment, missed)
-            if earlier is not None:
-                updated = update_summary(updated, earlier, time=mailbox.clock())
-        payload_bytes, commit_bytes = _sizes(mailbox, record)
-        updated = update_summary(updated, record, time=mailbox.clock(), payload_bytes=payload_bytes,
-                                 commit_bytes=commit_bytes)  # fmt: skip
+        for entry in landed:
+            fragment, round_ = entry.record["fragment"], entry.record["round"]
+            first_missing = updated["fragments"][fragment]["round"] + 1
+            fill_from = max(first_missing, round_ - MAX_GAP_FILL) if summary is not None else round_
+            if fill_from > first_missing and round_ > updated["fragments"][fragment]["round"]:
+                # history this summary will never hold: a gap too long to read back, or a run that began before it
+                updated = json.loads(json.dumps(updated))
+                updated["commits_unsummarized"] += fill_from - first_missing
+            for missed in range(fill_from, round_):
+                earlier = read_commit(mailbox, fragment, missed)
+                if earlier is not None:
+                    updated = update_summary(updated, earlier, time=entry.time)
+            updated = update_summary(updated, entry.record, time=entry.time, payload_bytes=entry.payload_bytes,
+                                     commit_bytes=entry.commit_bytes)  # fmt: skip
+            summary = updated  # the next entry's gaps are counted from this one
         if updated is base:
             return  # already summarized (a retried call, or two leaders racing)
         data = json.dumps(updated, sort_keys=True, separators=(",", ":")).encode()
