@@ -20,6 +20,7 @@ except ImportError as error:  # the library is an option of slowlink's, not a re
 from .. import checkpoint
 from ..errors import ConfigError, SessionStateError
 from ..events import Event
+from ..frameworks.torch import unwrapped
 from ..session import Session
 
 CHECKPOINT_FILE = "slowlink-{node}.safetensors"  # inside the Trainer's checkpoint-<step> folder
@@ -103,19 +104,7 @@ class SlowlinkCallback(TrainerCallback):
 
 def _check_same_model(session: Session, model: object) -> None:
     """The Trainer must train the module the session synchronizes (or a wrapper around it)."""
-    if model is None:
-        return
-
-    def unwrapped(module: object) -> object:
-        while True:  # torch.compile keeps the module as _orig_mod, DDP and DataParallel as .module
-            if hasattr(module, "_orig_mod"):
-                module = module._orig_mod
-            elif type(module).__name__ in ("DistributedDataParallel", "DataParallel"):
-                module = module.module
-            else:
-                return module
-
-    if unwrapped(model) is not unwrapped(session.model):
+    if model is not None and unwrapped(model) is not unwrapped(session.model):
         raise ConfigError(
             f"the Trainer trains a {type(model).__name__} that is not the model given to sl.Session: build "
             "the Session on the same model object you pass to Trainer(model=...)"
