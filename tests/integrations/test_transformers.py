@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: nothing may be downloaded
 pytest.importorskip("transformers", reason="the Trainer callback's tests need transformers (the dev extra)")
 pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate (the dev extra)")
 
