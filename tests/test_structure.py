@@ -12,8 +12,10 @@ PACKAGE = Path(sl.__file__).parent
 # everything. The engine (the driver and the channel interface) sits on the methods; the mailbox channel
 # (protocol), the collective channel and the simulator each sit on the engine, so none copies the round logic.
 # plan (the utilization planner) is pure arithmetic: it needs only errors, and cli imports it.
+# integrations (the Hugging Face Trainer callback) drives a session and its checkpoints.
 LAYERS = ["errors", "arrays", "clock", "events", "metrics", "plan", "frameworks", "mailbox", "wire", "algorithms",
-          "engine", "protocol", "collective", "sim", "session", "align", "checkpoint", "ops", "demo", "cli"]  # fmt: skip
+          "engine", "protocol", "collective", "sim", "session", "align", "checkpoint", "integrations", "ops", "demo",
+          "cli"]  # fmt: skip
 
 
 def layer_of(module: str) -> str:

@@ -31,6 +31,7 @@ LEVELS: dict[str, int] = {
     "mailbox_error": logging.WARNING,
     "commit_change_refused": logging.WARNING,
     "checkpoint_behind": logging.WARNING,
+    "checkpoint_missing": logging.WARNING,
     "lease_ignored": logging.WARNING,
     "upload_failed": logging.WARNING,
     "key_ignored": logging.WARNING,
