@@ -38,3 +38,33 @@ def test_carry_overlap_keeps_only_the_steps_after_the_snapshot():
         carry_overlap_change({"w": np.array([0.0])}, {"w": np.array([-2.5])}, {"w": np.array([2.0])})
     )
     assert -3.0 + change["w"][0] == pytest.approx(-3.5)
+
+
+def test_torch_tensors_get_the_same_float32_bits_as_numpy_arrays():
+    """The merge and the carry run on the model's device as they do on the host: the same bits."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+
+    def fragment() -> dict:
+        return {
+            "w": rng.standard_normal(777).astype(np.float32),
+            "z": np.array([0.0, -0.0, 3e-39], np.float32),
+        }
+
+    def on_torch(arrays: dict) -> dict:
+        return {name: torch.from_numpy(v.copy()) for name, v in arrays.items()}
+
+    def same_bits(tensors, arrays) -> bool:
+        tensors, arrays = dict(tensors), dict(arrays)
+        return all(isinstance(tensors[n], torch.Tensor) and tensors[n].numpy().tobytes() == arrays[n].tobytes()
+                   for n in arrays)  # fmt: skip
+
+    deltas, weights = [fragment() for _ in range(3)], [16.0, 3.0, 7.5]
+    merged = weighted_mean(zip(deltas, weights, strict=True))
+    assert same_bits(weighted_mean(zip(map(on_torch, deltas), weights, strict=True)), merged)
+    old, new, delta = fragment(), fragment(), fragment()
+    assert same_bits(carry_change(on_torch(old), on_torch(new)), carry_change(old, new))
+    assert same_bits(
+        carry_overlap_change(on_torch(old), on_torch(new), on_torch(delta)),
+        carry_overlap_change(old, new, delta),
+    )

@@ -56,3 +56,32 @@ def test_a_flush_round_applies_the_delta_once_and_leaves_the_momentum_alone():
     theta, after = optimizer.update(arrays(0.5), state, anchor, use_momentum=False)
     assert theta["w"][0] == pytest.approx(1.0 - 0.7 * 0.5)
     assert after is state
+
+
+def test_torch_tensors_get_the_same_float32_bits_as_numpy_arrays():
+    """One implementation runs on the model's device: on torch tensors the outer step gives exactly the
+    parameters and buffer it gives on numpy arrays, over rounds, with and without momentum."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    anchor = {
+        "w": rng.standard_normal(1000).astype(np.float32),
+        "b": np.array([0.0, -0.0, 1e-40], np.float32),
+    }
+    deltas = [
+        {name: rng.standard_normal(v.shape).astype(np.float32) * 1e-2 for name, v in anchor.items()}
+        for _ in range(3)
+    ]
+    on_torch = {name: torch.from_numpy(v.copy()) for name, v in anchor.items()}
+    optimizer = outer_nesterov(lr=0.7, momentum=0.9)
+    state, state_t = optimizer.init(anchor), optimizer.init(on_torch)
+    for i, delta in enumerate(deltas):
+        use_momentum = i != 1
+        delta_t = {name: torch.from_numpy(v.copy()) for name, v in delta.items()}
+        anchor, state = optimizer.update(delta, state, anchor, use_momentum=use_momentum)
+        on_torch, state_t = optimizer.update(delta_t, state_t, on_torch, use_momentum=use_momentum)
+        for name in anchor:
+            assert isinstance(on_torch[name], torch.Tensor) and isinstance(
+                state_t.momentum[name], torch.Tensor
+            )
+            assert on_torch[name].numpy().tobytes() == anchor[name].tobytes()
+            assert state_t.momentum[name].numpy().tobytes() == state.momentum[name].tobytes()

@@ -6,6 +6,7 @@ import threading
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import slowlink as sl
 
@@ -53,6 +54,36 @@ def test_sync_steps_make_no_host_copy_on_the_training_thread():
         len(sent) >= 10 and len(applied) >= 8
     )  # sync steps, and commits carried onto the model, were spied on
     assert spy.calls == []
+
+
+class NewTensors(TorchDispatchMode):
+    """Counts, on the thread that entered it, the operations that copy a tensor into new memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.copies = 0
+        self.thread = threading.get_ident()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if threading.get_ident() == self.thread and func.__name__.split(".")[0] in ("_to_copy", "clone"):
+            self.copies += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_fragment_is_cloned_into_the_tensors_of_its_previous_contribution():
+    """A fresh fragment-sized tensor costs a page fault per page on a CPU (and allocator traffic on a GPU):
+    only each fragment's first contribution allocates its clone; later ones reuse it, once committed."""
+    model, events = wide_mlp(), []
+    algorithm = sl.DiLoCo(sync_every=2, fragments=2, overlap_steps=1)
+    with sl.Session(model, algorithm=algorithm, mailbox=sl.MemoryMailbox(), node_id="n", poll_seconds=0.005,
+                    on_event=events.append) as session:  # fmt: skip
+        spy = NewTensors()
+        for batch in batches(0, 12):
+            sgd_step(model, batch, 0.05)
+            with spy:
+                session.step(samples=4)
+    assert len([e for e in events if e.kind == "contribution_sent"]) >= 10
+    assert spy.copies == len(session.adapter.schema)  # one clone of each tensor, at its fragment's first sync
 
 
 def test_the_spy_sees_a_host_copy_when_there_is_one():

@@ -9,9 +9,7 @@ fragments=1, overlap_steps=0 and quorum_size equal to the node count it is stand
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from ..arrays import Arrays
+from ..arrays import Arrays, zeros_like
 from ..errors import ConfigError
 from ..frameworks.base import adapter_for
 from .merge import MergeRule, WeightedMean
@@ -176,7 +174,7 @@ class DiLoCo:
         """The Nesterov buffer, zero; none without momentum (its buffer would always be Δ)."""
         if self.outer_momentum == 0:
             return {}
-        return {name: np.zeros_like(values, dtype=np.float32) for name, values in anchor.items()}
+        return {name: zeros_like(values) for name, values in anchor.items()}
 
     def outer_step(
         self, delta: Arrays, state: Arrays, anchor: Arrays, *, flush_only: bool

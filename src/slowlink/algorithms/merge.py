@@ -10,9 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-
-from ..arrays import Arrays
+from ..arrays import Arrays, zeros_like
 
 
 class MergeRule(Protocol):
@@ -42,18 +40,19 @@ class WeightedMean:
 
 
 def weighted_mean(contributions: Iterable[tuple[Arrays, float]]) -> Arrays:
-    """Σ w·Δ / Σ w over (Δ, w) pairs; raises ValueError if there are none or all weights are zero."""
+    """Σ w·Δ / Σ w over (Δ, w) pairs; raises ValueError if there are none or all weights are zero. In place
+    on one running sum, with operators only: numpy arrays and torch tensors give the same float32 bits."""
     total: Arrays | None = None
     weight_sum = 0.0
     for delta, weight in contributions:
         if total is None:
-            total = {name: np.zeros_like(values, dtype=np.float32) for name, values in delta.items()}
+            total = {name: zeros_like(values) for name, values in delta.items()}
         for name, values in delta.items():
-            total[name] += np.float32(weight) * values
+            total[name] += float(weight) * values
         weight_sum += weight
         del delta  # let the contribution go before the next one is read
     if total is None or weight_sum <= 0:
         raise ValueError("weighted_mean needs at least one contribution with a positive weight")
     for values in total.values():
-        values /= np.float32(weight_sum)
+        values /= float(weight_sum)
     return total

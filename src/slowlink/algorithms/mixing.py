@@ -6,7 +6,8 @@ carry, the default for such a commit: keep the steps trained since the snapshot 
     θ ← θ + (Θ_new − θ_s) = θ + (Θ_new − Θ_old + Δ)
 carry, for a commit without this node's contribution (late, rejected, or none sent):
     θ ← θ + (Θ_new − Θ_old)
-Carrying keeps every local step not yet merged; the next Δ, taken against Θ_new, holds them.
+Carrying keeps every local step not yet merged; the next Δ, taken against Θ_new, holds them. Operators only:
+the same code runs on numpy arrays and on torch tensors.
 The `*_change` functions yield the change to add to θ one tensor at a time, so an adapter applies it in
 place and no fragment-sized temporary exists. A blend needs θ itself, which only the adapter holds: it is
 the adapter's `blend` (frameworks/base.py), in place.

@@ -3,15 +3,14 @@
 Outer Nesterov (research/algorithms.md §0, PyTorch SGD(nesterov=True, dampening=0) semantics):
     b ← μ·b + Δ ;  θ ← θ_anchor − η·(Δ + μ·b)         (η = outer_lr, μ = outer_momentum)
 With μ = 0 this is θ_anchor − η·Δ; with η = 1 as well it is plain parameter averaging.
+Written with operators only, so numpy arrays and torch tensors (on any device) give the same float32 bits.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
-
-from ..arrays import Arrays
+from ..arrays import Arrays, zeros_like
 
 
 @dataclass(frozen=True)
@@ -28,10 +27,11 @@ class OuterOptimizer(NamedTuple):
 
 def outer_nesterov(lr: float, momentum: float, *, nesterov: bool = True) -> OuterOptimizer:
     """Outer SGD with momentum; `nesterov=False` gives heavy-ball: θ ← θ_anchor − η·b."""
-    mu, eta = np.float32(momentum), np.float32(lr)
+    # Python floats: numpy and torch both round them to the arrays' float32, as np.float32(x) would.
+    mu, eta = float(momentum), float(lr)
 
     def init(params: Arrays) -> OuterState:
-        return OuterState({name: np.zeros_like(values, dtype=np.float32) for name, values in params.items()})
+        return OuterState({name: zeros_like(values) for name, values in params.items()})
 
     def update(
         delta: Arrays, state: OuterState, anchor: Arrays, *, use_momentum: bool = True

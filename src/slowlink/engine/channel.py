@@ -1,7 +1,9 @@
 """How messages travel between nodes, as the driver sees it: contributions go out, commits come in.
 
 The mailbox protocol (protocol/courier.py) is one channel and the simulator (sim/) another. A channel
-owns a published contribution's arrays from then on: it may turn the snapshot into Δ in place.
+owns a published contribution's arrays from then on: it may turn the snapshot into Δ in place. It reads
+them no more once it has delivered a commit of their round or a newer one: the node then clones the
+fragment's next snapshot into the same tensors.
 """
 
 from dataclasses import dataclass

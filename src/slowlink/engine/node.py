@@ -46,7 +46,8 @@ class Node:
         self.node_id, self.rounds, self.adapter, self.plan = node_id, rounds, adapter, plan
         self.channel, self.clock, self.emit = channel, clock, emit
         # A device copy where the adapter can make one: the host copy is then the channel's, on its thread.
-        self._copy_out = getattr(adapter, "clone", adapter.snapshot)
+        self._clone = getattr(adapter, "clone", None)
+        self._clones: dict[int, dict] = {}  # fragment -> the device tensors its snapshots are cloned into
         self.state = rounds_.start(rounds, [latest[q][0] for q in range(len(plan))])
         self.anchors = dict(latest)  # fragment -> (version, params) of the commit it is aligned with
         self.outgoing: dict[int, Outgoing] = {}
@@ -111,12 +112,27 @@ class Node:
         """Snapshot the fragment whose flight the state has just opened and hand it to the channel."""
         flight = self.state.flights[fragment]
         version, anchor = self.anchors[fragment]
-        snapshot = self._copy_out(self.plan[fragment])
+        snapshot = self._copy_out(fragment)
         self.outgoing[fragment] = Outgoing(flight.round, snapshot)
         self.channel.publish(Contribution(
             fragment=fragment, step=flight.snapshot_step, base=version, anchor=anchor, snapshot=snapshot,
             steps=flight.steps, samples=flight.samples, final=final, step_seconds=self.step_seconds,
         ))  # fmt: skip
+
+    def _copy_out(self, fragment: int) -> Arrays:
+        """The fragment's values for a contribution: a device clone into the tensors of the fragment's
+        previous one, which nothing reads once its commit has settled it (engine/channel.py), else a new
+        clone; a host snapshot where the adapter has no device copy."""
+        names = self.plan[fragment]
+        if self._clone is None:
+            return self.adapter.snapshot(names)
+        if fragment in self.outgoing:  # not settled yet (never, as rounds go): its tensors are the channel's
+            return self._clone(names)
+        if fragment not in self._clones:
+            self._clones[fragment] = self._clone(names)
+        else:
+            self._clone(names, into=self._clones[fragment])
+        return dict(self._clones[fragment])  # the channel may replace its entries (by host copies)
 
     def sent(self, fragment: int, round_: int, blob: str | None) -> None:
         """The channel's word that the contribution to (fragment, round) is uploaded (any thread)."""

@@ -22,9 +22,10 @@ Frozen = list[list]
 class Adapter(Protocol):
     """The members every adapter has. An adapter may also have `frozen()` (Frozen: the tensors it does not
     send but every node must hold equal), and `local_state()` / `load_local_state(arrays)` (the node's own
-    tensors, which checkpoints save); without them it has none. An adapter may have `clone(names)`: float32
-    copies on the tensors' own device, which a channel brings to host (`host_arrays`) on its own thread;
-    without it the engine takes a host `snapshot` on the training thread."""
+    tensors, which checkpoints save); without them it has none. An adapter may have `clone(names, into=None)`:
+    float32 copies on the tensors' own device (written into `into`, an earlier clone, when given), which a
+    channel brings to host (`host_arrays`) on its own thread; without it the engine takes a host `snapshot`
+    on the training thread."""
 
     schema: Schema
 

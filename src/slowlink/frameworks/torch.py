@@ -67,11 +67,19 @@ class TorchAdapter:
                 name: self.tensors[name].detach().to("cpu", torch.float32).numpy().copy() for name in names
             }
 
-    def clone(self, names: list[str]) -> dict[str, torch.Tensor]:
+    def clone(self, names: list[str], into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Float32 copies on the tensors' own device: all a sync step asks of the training thread. The
-        channel moves them to host on its own thread (frameworks/base.py, host_arrays)."""
+        channel moves them to host on its own thread (frameworks/base.py, host_arrays). `into`, the tensors
+        of an earlier clone of the same names, is overwritten instead: a copy without allocating (fresh
+        memory costs a page fault per page on a CPU)."""
         with torch.no_grad():
-            return {name: self.tensors[name].detach().to(dtype=torch.float32, copy=True) for name in names}
+            if into is None:
+                return {
+                    name: self.tensors[name].detach().to(dtype=torch.float32, copy=True) for name in names
+                }
+            for name in names:
+                into[name].copy_(self.tensors[name])
+            return into
 
     def _on_device(self, name: str, values: np.ndarray, target: torch.Tensor | None = None) -> torch.Tensor:
         target = self.tensors[name] if target is None else target
