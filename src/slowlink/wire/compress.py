@@ -10,7 +10,6 @@ tensor data is byte-shuffled. MAGIC read as a safetensors header length is far b
 so no plain payload starts with it.
 """
 
-import io
 from types import ModuleType
 from typing import BinaryIO
 
@@ -77,7 +76,7 @@ def _tensor_range(name: str, entry: object) -> tuple[int, int, int]:
     return offsets[0], offsets[1], ELEMENT_BYTES[dtype]
 
 
-STREAM_BYTES = 1 << 20  # bytes of one tensor's byte plane shuffled, or of a frame fed to zstd, at a time
+STREAM_BYTES = 1 << 20  # bytes of a frame fed to zstd at a time, when decompressing
 
 
 def _regions(header_end: int, tensors: list[tuple[int, int, int]], size: int) -> list[tuple[int, int, int]]:
@@ -94,15 +93,13 @@ def _regions(header_end: int, tensors: list[tuple[int, int, int]], size: int) ->
     return regions + ([(position, size, 1)] if size > position else [])
 
 
-def _shuffled_pieces(payload: bytes, regions: list[tuple[int, int, int]]):
-    """The payload with each tensor's bytes grouped by their place in an element, in pieces of at most
-    STREAM_BYTES: byte 0 of every element, then byte 1, ... (the header and 1-byte elements as they are)."""
-    plain = np.frombuffer(payload, np.uint8)
+def _shuffled(payload: bytes, regions: list[tuple[int, int, int]]) -> np.ndarray:
+    """The payload with each tensor's bytes grouped by their place in an element: byte 0 of every
+    element, then byte 1, ... (the header and 1-byte elements as they are)."""
+    plain, out = np.frombuffer(payload, np.uint8), np.empty(len(payload), np.uint8)
     for begin, end, element in regions:
-        elements = plain[begin:end].reshape(-1, element)
-        for place in range(element):
-            for start in range(0, len(elements), STREAM_BYTES):
-                yield np.ascontiguousarray(elements[start : start + STREAM_BYTES, place])
+        out[begin:end].reshape(element, -1)[...] = plain[begin:end].reshape(-1, element).T
+    return out
 
 
 class _Unshuffler:
@@ -153,18 +150,14 @@ class _Unshuffler:
 def compress(payload: bytes, level: int = DEFAULT_LEVEL) -> bytes:
     """A compressed frame holding `payload` (a safetensors payload); `decompress` gives it back.
 
-    The shuffled payload goes to zstd in pieces and the frame grows in one buffer: besides the payload
-    and the frame, a piece is all this holds."""
+    zstd takes the shuffled payload whole: its streaming interface, which would need only pieces of it,
+    makes frames 3% (F32) to 8% (F16) larger at the same level."""
     zstandard = _zstd()
     header_end, tensors = _layout(payload)
     _check_size(payload, header_end, tensors)
     compressor = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
-    frame = io.BytesIO()
-    frame.write(MAGIC)
-    with compressor.stream_writer(frame, size=len(payload), closefd=False) as writer:
-        for piece in _shuffled_pieces(payload, _regions(header_end, tensors, len(payload))):
-            writer.write(piece)
-    return frame.getvalue()  # the buffer itself, not a copy, when nothing else holds it
+    body = compressor.compress(_shuffled(payload, _regions(header_end, tensors, len(payload))))
+    return MAGIC + body
 
 
 def _check_size(payload: bytes, header_end: int, tensors: list[tuple[int, int, int]]) -> None:
