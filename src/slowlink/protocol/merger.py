@@ -106,7 +106,7 @@ class Merger:
             )
             if (
                 self._ready(current, live_nodes)
-                and (done := self._commit(fragment, current, anchor)) is not None
+                and (done := self._commit(fragment, current, anchor, live_nodes(False))) is not None
             ):
                 committed.append(done)
         return committed
@@ -274,7 +274,7 @@ class Merger:
                 per_step = self.recent_per_step.setdefault(entry["node"], deque(maxlen=HISTORY))
                 per_step.append(entry["samples"] / entry["steps"])
 
-    def _commit(self, fragment: int, current: OpenRound, anchor: Arrays) -> Committed | None:
+    def _commit(self, fragment: int, current: OpenRound, anchor: Arrays, live: set[str]) -> Committed | None:
         version = current.round - 1
         state = self._outer_state(fragment, version, anchor)
         weights = self._weights(current)
@@ -286,7 +286,9 @@ class Merger:
                 return None  # every payload failed its checks; the round stays open for others
             accepted = dict(current.accepted)  # what the merge consumed, less the payloads it rejected
             flush_only = all(record["final"] for record in accepted.values())
-            params, state = self.method.outer_step(delta, state, anchor, flush_only=flush_only)
+            shape = rounds_.round_shape(self.rounds, fragment, current.round, contributors=len(accepted), live=len(live | set(accepted)),
+                                        steps=[current.steps[node] for node in accepted])  # fmt: skip
+            params, state = self.method.outer_step(delta, state, anchor, flush_only=flush_only, shape=shape)
         del delta  # one fragment less held while the commit is written
         if not _finite(params) or not _finite(state):
             # Each payload was finite, but together they overflow: leave out the largest, try again next turn.
