@@ -28,10 +28,11 @@ from .mailbox.contract import Mailbox
 from .mailbox.metered import Metered
 from .mailbox.named import open_mailbox
 from .protocol import keys
+from .protocol.chain import load_newest
 from .protocol.courier import Courier, NodeStatus
 from .protocol.joined import joined_event, refuse_resuming
-from .protocol.leader import refuse_if_live
-from .protocol.run import load_newest, open_run
+from .protocol.leases import refuse_if_live
+from .protocol.run import open_run
 from .protocol.trust import RunKey, Signed
 from .wire.encodings import ENCODINGS
 

@@ -25,17 +25,9 @@ from ..events import Event
 from ..mailbox.contract import Mailbox
 from ..wire import payload
 from . import keys, records
+from .chain import newest_snapshot
 from .commits import CommitWriter, chain_garbage
-from .run import (
-    KEEP_COMMITS,
-    MAX_CHAIN,
-    Run,
-    Written,
-    advance_head,
-    get_blob,
-    newest_snapshot,
-    read_commit,
-)
+from .run import KEEP_COMMITS, MAX_CHAIN, Run, Written, advance_head, get_blob, read_commit
 from .summary import Landed, record_commits
 
 HISTORY = 16  # recent norms per fragment and samples per step per node kept for judging later rounds
@@ -120,7 +112,7 @@ class Merger:
             )
             if (
                 self._ready(current, live_nodes)
-                and (done := self._commit(fragment, current, anchor)) is not None
+                and (done := self._commit(fragment, current, anchor, live_nodes(False))) is not None
             ):
                 committed.append(done)
         return committed
@@ -313,7 +305,7 @@ class Merger:
                 per_step = self.recent_per_step.setdefault(entry["node"], deque(maxlen=HISTORY))
                 per_step.append(entry["samples"] / entry["steps"])
 
-    def _commit(self, fragment: int, current: OpenRound, anchor: Arrays) -> Committed | None:
+    def _commit(self, fragment: int, current: OpenRound, anchor: Arrays, live: set[str]) -> Committed | None:
         version = current.round - 1
         state = self._outer_state(fragment, version, anchor)
         weights = self._weights(current)
@@ -325,7 +317,9 @@ class Merger:
                 return None  # every payload failed its checks; the round stays open for others
             accepted = dict(current.accepted)  # what the merge consumed, less the payloads it rejected
             flush_only = all(record["final"] for record in accepted.values())
-            params, state = self.method.outer_step(delta, state, anchor, flush_only=flush_only)
+            shape = rounds_.round_shape(self.rounds, fragment, current.round, contributors=len(accepted), live=len(live | set(accepted)),
+                                        steps=[current.steps[node] for node in accepted])  # fmt: skip
+            params, state = self.method.outer_step(delta, state, anchor, flush_only=flush_only, shape=shape)
         del delta  # one fragment less held while the commit is written
         if not _finite(params) or not _finite(state):
             # Each payload was finite, but together they overflow: leave out the largest, try again next turn.
@@ -334,7 +328,7 @@ class Merger:
             return None
         fields = {"contributors": _contributors(accepted, weights, current.norms),
                   "rejected": [{"node": node, "reason": why} for node, why in sorted(current.rejected.items())],
-                  "merger": self.node_id, "flush_only": flush_only}  # fmt: skip
+                  "merger": self.node_id, "flush_only": flush_only, "live": shape.live, "stale": shape.stale}  # fmt: skip
         written = self.writer.write(fragment, current.round, params, anchor, state, fields, self.head)
         if written is None:
             return None  # that commit is the round's; this node fetches it like any other
