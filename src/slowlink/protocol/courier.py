@@ -127,7 +127,7 @@ class Courier:
             interrupted = error
         leaving = [self.leadership.release, lambda: self.mailbox.delete([keys.node(self.node_id)])]
         if self.leadership.is_leader and interrupted is None:  # first, a commit head.json does not name yet
-            leaving[:0] = [self._recover_head, lambda: self.merger.tidy(final=True)]
+            leaving[:0] = [self._recover_head, lambda: self.merger.housekeeping.tidy(self.head)]
         for part in leaving:  # each its own chance: nobody should wait a lease for a node that left
             try:
                 part()
@@ -271,6 +271,8 @@ class Courier:
         self._news = True
         self.mailbox.put(keys.contribution_payload(item.fragment, round_, self.node_id, sha), data)
         self.mailbox.put(keys.contribution(item.fragment, round_, self.node_id), records.encode(record))
+        if self.leadership.is_leader:  # it merges this round itself: no need to read back what it wrote
+            self.merger.remember_own(record, data)
         self.emit(Event("contribution_sent", self.node_id,
                         f"fragment {item.fragment} round {round_}: {item.steps} steps, {len(data)} bytes",
                         {"fragment": item.fragment, "round": round_, "step": item.step, "steps": item.steps,
