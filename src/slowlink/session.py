@@ -147,7 +147,8 @@ class Session:
         refuse_if_live(
             self.mailbox, self.node_id, self.lease_seconds, clock=self.clock.now, sleep=self.clock.sleep
         )
-        latest = load_newest(self.mailbox, self.run, sleep=self.clock.sleep)
+        latest = load_newest(self.mailbox, self.run, sleep=self.clock.sleep,
+                             own=lambda q: self.adapter.snapshot(self.plan[q]))  # fmt: skip
         if not created and not self.resume:
             refuse_resuming(self.raw_mailbox, self.run.run_id, [version for version, _ in latest.values()])
         for _, params in latest.values():
