@@ -26,6 +26,7 @@ LEVELS: dict[str, int] = {
     # work trained on a node that did not (fully) reach the committed model, or a failure
     "contribution_rejected": logging.WARNING,
     "contribution_late": logging.WARNING,
+    "own_contribution_rejected": logging.WARNING,
     "steps_dropped": logging.WARNING,
     "steps_unconfirmed": logging.WARNING,
     "mailbox_error": logging.WARNING,

@@ -50,6 +50,7 @@ class SessionStats:
     contributions_sent: int
     contributions_late: int  # missed their round; their steps were carried into the next contribution
     contributions_rejected: int  # rejected by this node as the leader, with reasons in the commit records
+    own_contributions_rejected: int  # this node's, rejected by the merger; their steps were carried on
     syncs_deferred: int  # due while the in-flight limit was reached; published later, nothing lost
     syncs_skipped: int  # due for a round already committed (a node joining mid-round); steps carried
     steps_replaced: int  # overlap steps replaced by a commit (mixing keeps a share of them)
@@ -275,7 +276,8 @@ class Session:
             node=self.node_id, step=state.step, samples=state.samples, versions=state.versions,
             commits_applied=counts["commit_applied"], rounds_merged=counts["round_merged"],
             contributions_sent=counts["contribution_sent"], contributions_late=counts["contribution_late"],
-            contributions_rejected=counts["contribution_rejected"], syncs_deferred=counts["sync_deferred"],
+            contributions_rejected=counts["contribution_rejected"],
+            own_contributions_rejected=counts["own_contribution_rejected"], syncs_deferred=counts["sync_deferred"],
             syncs_skipped=counts["sync_skipped"], steps_replaced=counts["steps_replaced:steps"],
             steps_dropped=counts["steps_dropped:steps"], steps_unconfirmed=counts["steps_unconfirmed:steps"],
             mailbox_errors=counts["mailbox_error"], uploads_failed=counts["upload_failed"],

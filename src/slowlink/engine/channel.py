@@ -31,12 +31,14 @@ class Contribution:
 @dataclass(frozen=True)
 class Arrival:
     """A fragment's newer commit; `mine` says what became of this node's contribution awaiting it:
-    "merged", "missed" (late or rejected), or None if there was none."""
+    "merged", "rejected" (the commit names it rejected, for `rejected`, the merger's reason), "missed"
+    (late), or None if there was none."""
 
     fragment: int
     version: int
     params: Arrays
     mine: str | None
+    rejected: str | None = None
 
 
 class Channel(Protocol):

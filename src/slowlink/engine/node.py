@@ -153,7 +153,15 @@ class Node:
                                 {"steps": alignment.replaced}))  # fmt: skip
         else:  # θ ← θ + (Θ_new − Θ_old): keep every local step; the next contribution carries them
             self.adapter.shift(carry_change(anchor, arrival.params))
-            if (late := alignment.late) is not None:
+            if (late := alignment.late) is not None and arrival.mine == "rejected":
+                self.emit(Event("own_contribution_rejected", self.node_id,
+                                f"fragment {fragment} round {late.round} was committed without this node's "
+                                f"contribution, which the merger rejected: {arrival.rejected}. Its {late.steps} "
+                                "steps go into the next one (if this node's model was changed outside training, "
+                                "e.g. by load_state_dict, call session.reset())",
+                                {"fragment": fragment, "round": late.round, "steps": late.steps,
+                                 "reason": arrival.rejected}))  # fmt: skip
+            elif late is not None:
                 self.emit(Event("contribution_late", self.node_id,
                                 f"fragment {fragment} round {late.round} was committed without this node's "
                                 f"contribution; its {late.steps} steps go into the next one",

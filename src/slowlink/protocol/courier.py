@@ -290,23 +290,28 @@ class Courier:
     def _deliver(self, fragment: int, version: int, params: Arrays, record: dict) -> None:
         # The fate first: it may read the store, and if that fails nothing has changed, so the next turn
         # delivers this commit again instead of losing what became of this node's contribution.
-        mine = self._fate_of_mine(fragment, version, record)
+        mine, rejected = self._fate_of_mine(fragment, version, record)
         self.latest[fragment] = (version, params)
-        self.inbox.put(Arrival(fragment, version, params, mine))
+        self.inbox.put(Arrival(fragment, version, params, mine, rejected))
 
-    def _fate_of_mine(self, fragment: int, version: int, record: dict) -> str | None:
+    def _fate_of_mine(self, fragment: int, version: int, record: dict) -> tuple[str | None, str | None]:
+        """What became of this node's contribution awaiting this commit, and the merger's reason if the
+        commit record names it rejected."""
         awaited = self.sent.get(fragment)
         if awaited is None or awaited[0] > version:
-            return None
+            return None, None
         round_, sha = awaited
         if round_ != version:
-            record = read_commit(self.mailbox, fragment, round_) or {"contributors": []}
+            record = read_commit(self.mailbox, fragment, round_) or {"contributors": [], "rejected": []}
         del self.sent[fragment]
         merged = any(c.get("node") == self.node_id and c.get("blob") == sha for c in record["contributors"])
         residual = self.residual_in_flight.pop(fragment, None)
         if merged and residual is not None:
             self.residual[fragment] = residual  # what this contribution's encoding lost goes into the next
-        return "merged" if merged else "missed"
+        if merged:
+            return "merged", None
+        reasons = [r["reason"] for r in record["rejected"] if r.get("node") == self.node_id]
+        return ("rejected", reasons[0]) if reasons else ("missed", None)
 
     def _beat_lease(self) -> None:
         status = self.status()

@@ -3,7 +3,8 @@ accepted ones, applies the outer optimizer and commits. The commit is create-onc
 can never commit a round twice: the loser adopts the winner's record.
 
 A round closes when every live node has contributed, or when `quorum_size` contributions are in and the
-grace window since the quorum has passed. Contributions are streamed into the merge one at a time.
+grace window since the quorum has passed; one whose every contribution is rejected commits empty once every
+live node has reported. Contributions are streamed into the merge one at a time.
 """
 
 import math
@@ -151,9 +152,11 @@ class Merger:
                         {"round": current.round, "from": node, "reason": reason}))  # fmt: skip
 
     def _ready(self, current: OpenRound, live_nodes: Callable[[bool], set[str]]) -> bool:
-        if not current.accepted:
-            return False
         reported = set(current.accepted) | set(current.rejected)
+        if not current.accepted:
+            # Every contribution so far was rejected: once every live node has reported, the round commits
+            # empty, and each rejected node learns from that commit why, and carries its steps on.
+            return bool(reported) and live_nodes(True) <= reported
         if current.quorum_at is None:
             # Short of the quorum, a round closes only once every live node has reported: read the
             # leases afresh, so that a node that joined a moment ago is waited for.
@@ -278,16 +281,21 @@ class Merger:
         version = current.round - 1
         state = self._outer_state(fragment, version, anchor)
         weights = self._weights(current)
-        # An overflow is caught below, as a non-finite result, and has its own reason: numpy need not warn.
-        with np.errstate(over="ignore", invalid="ignore"):
-            try:
-                delta = self.method.combine(self._contributions(fragment, current, l2_norm(anchor), weights))
-            except ValueError:
-                return None  # every payload failed its checks; the round stays open for others
-            accepted = dict(current.accepted)  # what the merge consumed, less the payloads it rejected
-            flush_only = all(record["final"] for record in accepted.values())
-            params, state = self.method.outer_step(delta, state, anchor, flush_only=flush_only)
-        del delta  # one fragment less held while the commit is written
+        if not current.accepted:  # every contribution was rejected: the anchor, unchanged, no outer step
+            accepted, flush_only, params = {}, False, dict(anchor)
+        else:
+            # An overflow is caught below, as a non-finite result, with its own reason: numpy need not warn.
+            with np.errstate(over="ignore", invalid="ignore"):
+                try:
+                    delta = self.method.combine(
+                        self._contributions(fragment, current, l2_norm(anchor), weights)
+                    )
+                except ValueError:
+                    return None  # every payload failed its checks: the round closes empty once all reported
+                accepted = dict(current.accepted)  # what the merge consumed, less the payloads it rejected
+                flush_only = all(record["final"] for record in accepted.values())
+                params, state = self.method.outer_step(delta, state, anchor, flush_only=flush_only)
+            del delta  # one fragment less held while the commit is written
         if not _finite(params) or not _finite(state):
             # Each payload was finite, but together they overflow: leave out the largest, try again next turn.
             largest = max(accepted, key=lambda node: current.norms.get(node, 0.0))
