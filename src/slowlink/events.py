@@ -27,6 +27,7 @@ LEVELS: dict[str, int] = {
     "contribution_rejected": logging.WARNING,
     "contribution_late": logging.WARNING,
     "own_contribution_rejected": logging.WARNING,
+    "contribution_refused": logging.WARNING,
     "steps_dropped": logging.WARNING,
     "steps_unconfirmed": logging.WARNING,
     "mailbox_error": logging.WARNING,
@@ -52,6 +53,7 @@ LEVELS: dict[str, int] = {
     "commit_change_skipped": logging.INFO,
     "checkpoint_saved": logging.INFO,
     "checkpoint_loaded": logging.INFO,
+    "reset": logging.INFO,
     # every round, on every node
     "contribution_sent": logging.DEBUG,
     "commit_applied": logging.DEBUG,

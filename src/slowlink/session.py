@@ -51,6 +51,7 @@ class SessionStats:
     contributions_late: int  # missed their round; their steps were carried into the next contribution
     contributions_rejected: int  # rejected by this node as the leader, with reasons in the commit records
     own_contributions_rejected: int  # this node's, rejected by the merger; their steps were carried on
+    contributions_refused: int  # not published: far outside this node's history (ContributionRefused)
     syncs_deferred: int  # due while the in-flight limit was reached; published later, nothing lost
     syncs_skipped: int  # due for a round already committed (a node joining mid-round); steps carried
     steps_replaced: int  # overlap steps replaced by a commit (mixing keeps a share of them)
@@ -236,6 +237,24 @@ class Session:
             raise self.courier.failure
         self.node.step(samples)
 
+    def reset(self) -> None:
+        """Say that the model was changed outside training, e.g. by `model.load_state_dict(...)` (which
+        `Trainer(resume_from_checkpoint=...)` calls) inside the `with` block: otherwise the next contribution
+        would publish the change as one huge pseudo-gradient into everyone's model.
+
+        The synchronized tensors take the newest commits this node holds again (the run's model, as a
+        joiner gets it), and the steps trained since the last sync are dropped (`steps_dropped`);
+        what is not synchronized, optimizer and scheduler state included, stays as loaded. Contributions
+        already published stay in flight and count if merged. The loaded weights themselves are not kept:
+        a node trains the run's model, and every commit aligns it with it again (docs/guide/training.md).
+        Call it between two steps, after the change."""
+        if self._state != "open":
+            raise SessionStateError(
+                "session.reset() was called outside the Session's `with` block; a model loaded before "
+                "entering needs no reset (joining a run takes its committed model)"
+            )
+        self.node.reset()
+
     # ---- what the communication thread and the user read ---------------------------------------------
 
     def _status(self) -> NodeStatus:
@@ -277,7 +296,8 @@ class Session:
             commits_applied=counts["commit_applied"], rounds_merged=counts["round_merged"],
             contributions_sent=counts["contribution_sent"], contributions_late=counts["contribution_late"],
             contributions_rejected=counts["contribution_rejected"],
-            own_contributions_rejected=counts["own_contribution_rejected"], syncs_deferred=counts["sync_deferred"],
+            own_contributions_rejected=counts["own_contribution_rejected"],
+            contributions_refused=counts["contribution_refused"], syncs_deferred=counts["sync_deferred"],
             syncs_skipped=counts["sync_skipped"], steps_replaced=counts["steps_replaced:steps"],
             steps_dropped=counts["steps_dropped:steps"], steps_unconfirmed=counts["steps_unconfirmed:steps"],
             mailbox_errors=counts["mailbox_error"], uploads_failed=counts["upload_failed"],

@@ -41,16 +41,25 @@ class Arrival:
     rejected: str | None = None
 
 
+@dataclass(frozen=True)
+class Refused:
+    """A contribution the channel did not publish, and why; its steps stay with the node."""
+
+    fragment: int
+    round: int
+    reason: str
+
+
 class Channel(Protocol):
     failure: BaseException | None  # a bug on the channel's side, raised on the training thread
 
     def publish(self, contribution: Contribution) -> None: ...
 
-    def arrivals(self) -> list[Arrival]:
+    def arrivals(self) -> list[Arrival | Refused]:
         """What has arrived since the last call, without waiting."""
         ...
 
-    def gather(self, deadline: float) -> Arrival | None:
+    def gather(self, deadline: float) -> Arrival | Refused | None:
         """Wait for the next arrival until `deadline` on the node's clock; None if none came."""
         ...
 

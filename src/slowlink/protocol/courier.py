@@ -10,16 +10,17 @@ alignments (new commits, and whether they hold this node's contribution) out.
 import os
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..algorithms.method import Method
-from ..algorithms.robust import l2_norm
+from ..algorithms.robust import beyond_history, l2_norm
 from ..arrays import Arrays
 from ..clock import REAL, Clock
-from ..engine.channel import Arrival, Contribution
+from ..engine.channel import Arrival, Contribution, Refused
 from ..errors import MailboxError, PayloadError, TrainingDiverged
 from ..events import Event
 from ..frameworks.base import host_arrays
@@ -30,7 +31,7 @@ from ..wire.error_feedback import encode_arrays_with_feedback
 from . import keys, records
 from .leader import Leadership, Liveness
 from .leader import beat_seconds as beat_interval
-from .merger import Merger
+from .merger import HISTORY, Merger
 from .run import Run, advance_head, apply_change, params_at, probe_newest, read_commit, read_head
 
 
@@ -80,6 +81,11 @@ class Courier:
         # fragment -> (round, payload sha) of this node's contribution awaiting its commit: the sha tells this
         # contribution from one of an earlier life of the node under the same id.
         self.sent: dict[int, tuple[int, str]] = {}
+        # fragment -> ‖Δ‖ per step of this node's recent merged contributions, and of the one awaited: a Δ far
+        # beyond them is not published (_refuse_outlier). None: max_norm_ratio=None judges no norm.
+        self.max_norm_ratio = method.rounds(len(run.plan)).max_norm_ratio
+        self.own_norms: dict[int, deque[float]] = {}
+        self._sent_norm: dict[int, float] = {}
         self._unsent: Contribution | None = None  # an upload that failed, tried again on the next turn
         self.head = [version for version, _ in (latest[q] for q in range(len(run.plan)))]
         self._head_etag: str | None = None
@@ -205,6 +211,8 @@ class Courier:
         round_ = item.base + 1
         if item.prepared is None:
             item.prepared = self._prepare(item, round_)
+            if item.prepared is None:
+                return  # refused: never published
         data, sha, norm = item.prepared
         self.mailbox.put(keys.contribution_payload(item.fragment, round_, self.node_id, sha), data)
         record = {
@@ -221,13 +229,14 @@ class Courier:
         }
         # Awaited from before the record's PUT: if it lands with its answer lost, the commit naming it is ours.
         self.sent[item.fragment] = (round_, sha)
+        self._sent_norm[item.fragment] = norm / max(item.steps, 1)
         self.mailbox.put(keys.contribution(item.fragment, round_, self.node_id), records.encode(record))
         self.emit(Event("contribution_sent", self.node_id,
                         f"fragment {item.fragment} round {round_}: {item.steps} steps, {len(data)} bytes",
                         {"fragment": item.fragment, "round": round_, "step": item.step, "steps": item.steps,
                          "bytes": len(data), "blob": sha}))  # fmt: skip
 
-    def _prepare(self, item: Contribution, round_: int) -> tuple[bytes, str, float]:
+    def _prepare(self, item: Contribution, round_: int) -> tuple[bytes, str, float] | None:
         # The snapshot to host, here on the communication thread (a view, for a tensor already in host
         # memory); then Δ = θ_anchor − θ_local in its own buffer: no second copy of the fragment. The dict is
         # the node's record of the contribution too: it holds Δ from now on.
@@ -236,6 +245,8 @@ class Courier:
         for name, values in delta.items():
             np.subtract(item.anchor[name], values, out=values)
         norm = l2_norm(delta)  # reported, so the merger can judge each contribution against the others
+        if self._refuse_outlier(item, round_, norm):
+            return None
         header = self.run.expect(kind="delta", fragment=item.fragment, round=round_, node=self.node_id)
         try:
             data = self._encode(item.fragment, delta, header)
@@ -244,6 +255,22 @@ class Courier:
                 f"fragment {item.fragment}'s contribution after local step {item.step} cannot be sent: {error}"
             ) from None
         return data, payload.digest(data), norm
+
+    def _refuse_outlier(self, item: Contribution, round_: int, norm: float) -> bool:
+        """Whether this Δ is far beyond this node's own merged contributions (the merger's rule for a lone
+        contribution, robust.beyond_history, by this node's history): the model was changed outside training,
+        and publishing it would move everyone's. The training thread is told; nothing is sent."""
+        history = self.own_norms.get(item.fragment, ())
+        if self.max_norm_ratio is None or not history:
+            return False  # a first contribution, however large, is never judged here
+        reason = beyond_history(norm, item.steps, history, self.max_norm_ratio, whose="this node's")
+        if reason is None:
+            return False
+        self.emit(Event("contribution_refused", self.node_id, f"fragment {item.fragment} round {round_}: {reason}; "
+                        "not published", {"fragment": item.fragment, "round": round_, "steps": item.steps,
+                                          "reason": reason}))  # fmt: skip
+        self.inbox.put(Refused(item.fragment, round_, reason))
+        return True
 
     def _encode(self, fragment: int, delta: Arrays, header: dict) -> bytes:
         if self.wire.error_feedback:
@@ -304,11 +331,14 @@ class Courier:
         if round_ != version:
             record = read_commit(self.mailbox, fragment, round_) or {"contributors": [], "rejected": []}
         del self.sent[fragment]
+        norm = self._sent_norm.pop(fragment, None)
         merged = any(c.get("node") == self.node_id and c.get("blob") == sha for c in record["contributors"])
         residual = self.residual_in_flight.pop(fragment, None)
         if merged and residual is not None:
             self.residual[fragment] = residual  # what this contribution's encoding lost goes into the next
         if merged:
+            if norm is not None:
+                self.own_norms.setdefault(fragment, deque(maxlen=HISTORY)).append(norm)
             return "merged", None
         reasons = [r["reason"] for r in record["rejected"] if r.get("node") == self.node_id]
         return ("rejected", reasons[0]) if reasons else ("missed", None)
