@@ -6,6 +6,8 @@ One node, outer lr 1, no momentum: each commit is the node's own snapshot, so th
 local SGD over exactly the steps the run merged, and a test can name them.
 """
 
+import time
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ import slowlink as sl
 from slowlink.protocol.run import read_commit
 
 from .nodes import batches, sgd_step, tiny_mlp
+from .test_checkpoint import Gate
 
 H = 4
 BATCHES = batches(0, 24)
@@ -150,3 +153,37 @@ def test_a_reset_with_a_contribution_in_flight_keeps_it_and_carries_its_commit(t
     sent = [(e.data["round"], e.data["steps"]) for e in events if e.kind == "contribution_sent"]
     assert sent == [(1, 4), (2, 3)] and session.stats.steps_dropped == 1
     assert [c["node"] for c in read_commit(mailbox, 0, 1)["contributors"]] == ["n"]
+
+
+def test_a_checkpoint_saved_after_a_reset_resumes_without_the_contribution_made_before_it(tmp_path):
+    # As above, round 1 is in flight at the reset after step 5, and the checkpoint is saved there; the round
+    # commits while the node is down. Resumed, the node must not take the round's Δ out of its parameters
+    # again: they were set to Θ_0 at the reset and hold none of it. So the run is plain SGD over batches
+    # 0-3 (round 1), then 5-7 from the resumed step.
+    mailbox, path = sl.DirMailbox(tmp_path / "run"), tmp_path / "n.ckpt"
+    gate, model = Gate(mailbox), tiny_mlp()
+    gate.refused = ("commits/",)  # round 1 goes out at step 4, but cannot commit yet
+    options = dict(algorithm=algorithm(overlap_steps=2), node_id="n", poll_seconds=0.005, lease_seconds=0.5)
+    first = sl.Session(model, mailbox=gate, **options).__enter__()  # killed below: it never leaves
+    for index in range(5):
+        sgd_step(model, BATCHES[index], 0.1)
+        first.step(samples=4)
+    model.load_state_dict(tiny_mlp(seed=7).state_dict())
+    first.reset()
+    sl.checkpoint.save(path, first)
+    gate.refused = ()
+    deadline = time.monotonic() + 10
+    while read_commit(mailbox, 0, 1) is None:
+        assert time.monotonic() < deadline, "round 1 did not commit"
+        time.sleep(0.005)
+    gate.cut = True  # the node is killed: it never applied round 1
+    first.courier.stop()
+    resumed = tiny_mlp(seed=5)
+    with sl.Session(resumed, mailbox=mailbox, **options) as second:
+        assert sl.checkpoint.load(path, second) == 5
+        assert_same(resumed, plain_sgd(range(4), 0.1))  # commit 1, nothing taken out of it
+        for index in (5, 6, 7):
+            sgd_step(resumed, BATCHES[index], 0.1)
+            second.step(samples=4)
+    assert_same(committed(mailbox), plain_sgd([0, 1, 2, 3, 5, 6, 7], 0.1))
+    assert [c["steps"] for c in read_commit(mailbox, 0, 2)["contributors"]] == [3]
