@@ -10,14 +10,13 @@ alignments (new commits, and whether they hold this node's contribution) out.
 import os
 import queue
 import threading
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..algorithms.method import Method
-from ..algorithms.robust import beyond_history, l2_norm
+from ..algorithms.robust import l2_norm
 from ..arrays import Arrays
 from ..clock import REAL, Clock
 from ..engine.channel import Arrival, Contribution, Refused
@@ -31,7 +30,8 @@ from ..wire.error_feedback import encode_arrays_with_feedback
 from . import keys, records
 from .leader import Leadership, Liveness
 from .leader import beat_seconds as beat_interval
-from .merger import HISTORY, Merger
+from .merger import Merger
+from .own_norms import OwnNorms
 from .run import Run, advance_head, apply_change, params_at, probe_newest, read_commit, read_head
 
 
@@ -81,11 +81,7 @@ class Courier:
         # fragment -> (round, payload sha) of this node's contribution awaiting its commit: the sha tells this
         # contribution from one of an earlier life of the node under the same id.
         self.sent: dict[int, tuple[int, str]] = {}
-        # fragment -> ‖Δ‖ per step of this node's recent merged contributions, and of the one awaited: a Δ far
-        # beyond them is not published (_refuse_outlier). None: max_norm_ratio=None judges no norm.
-        self.max_norm_ratio = method.rounds(len(run.plan)).max_norm_ratio
-        self.own_norms: dict[int, deque[float]] = {}
-        self._sent_norm: dict[int, float] = {}
+        self.own_norms = OwnNorms(method.rounds(len(run.plan)).max_norm_ratio)  # refuses a Δ far beyond them
         self._unsent: Contribution | None = None  # an upload that failed, tried again on the next turn
         self.head = [version for version, _ in (latest[q] for q in range(len(run.plan)))]
         self._head_etag: str | None = None
@@ -229,7 +225,7 @@ class Courier:
         }
         # Awaited from before the record's PUT: if it lands with its answer lost, the commit naming it is ours.
         self.sent[item.fragment] = (round_, sha)
-        self._sent_norm[item.fragment] = norm / max(item.steps, 1)
+        self.own_norms.sent(item.fragment, norm, item.steps)
         self.mailbox.put(keys.contribution(item.fragment, round_, self.node_id), records.encode(record))
         self.emit(Event("contribution_sent", self.node_id,
                         f"fragment {item.fragment} round {round_}: {item.steps} steps, {len(data)} bytes",
@@ -245,7 +241,11 @@ class Courier:
         for name, values in delta.items():
             np.subtract(item.anchor[name], values, out=values)
         norm = l2_norm(delta)  # reported, so the merger can judge each contribution against the others
-        if self._refuse_outlier(item, round_, norm):
+        if (reason := self.own_norms.judge(item.fragment, norm, item.steps)) is not None:
+            self.emit(Event("contribution_refused", self.node_id, f"fragment {item.fragment} round {round_}: "
+                            f"{reason}; not published", {"fragment": item.fragment, "round": round_,
+                            "steps": item.steps, "reason": reason}))  # fmt: skip
+            self.inbox.put(Refused(item.fragment, round_, reason))  # the training thread raises it
             return None
         header = self.run.expect(kind="delta", fragment=item.fragment, round=round_, node=self.node_id)
         try:
@@ -255,22 +255,6 @@ class Courier:
                 f"fragment {item.fragment}'s contribution after local step {item.step} cannot be sent: {error}"
             ) from None
         return data, payload.digest(data), norm
-
-    def _refuse_outlier(self, item: Contribution, round_: int, norm: float) -> bool:
-        """Whether this Δ is far beyond this node's own merged contributions (the merger's rule for a lone
-        contribution, robust.beyond_history, by this node's history): the model was changed outside training,
-        and publishing it would move everyone's. The training thread is told; nothing is sent."""
-        history = self.own_norms.get(item.fragment, ())
-        if self.max_norm_ratio is None or not history:
-            return False  # a first contribution, however large, is never judged here
-        reason = beyond_history(norm, item.steps, history, self.max_norm_ratio, whose="this node's")
-        if reason is None:
-            return False
-        self.emit(Event("contribution_refused", self.node_id, f"fragment {item.fragment} round {round_}: {reason}; "
-                        "not published", {"fragment": item.fragment, "round": round_, "steps": item.steps,
-                                          "reason": reason}))  # fmt: skip
-        self.inbox.put(Refused(item.fragment, round_, reason))
-        return True
 
     def _encode(self, fragment: int, delta: Arrays, header: dict) -> bytes:
         if self.wire.error_feedback:
@@ -322,8 +306,7 @@ class Courier:
         self.inbox.put(Arrival(fragment, version, params, mine, rejected))
 
     def _fate_of_mine(self, fragment: int, version: int, record: dict) -> tuple[str | None, str | None]:
-        """What became of this node's contribution awaiting this commit, and the merger's reason if the
-        commit record names it rejected."""
+        """(What became of this node's contribution awaiting it, the merger's reason if it was rejected.)"""
         awaited = self.sent.get(fragment)
         if awaited is None or awaited[0] > version:
             return None, None
@@ -331,14 +314,12 @@ class Courier:
         if round_ != version:
             record = read_commit(self.mailbox, fragment, round_) or {"contributors": [], "rejected": []}
         del self.sent[fragment]
-        norm = self._sent_norm.pop(fragment, None)
         merged = any(c.get("node") == self.node_id and c.get("blob") == sha for c in record["contributors"])
         residual = self.residual_in_flight.pop(fragment, None)
         if merged and residual is not None:
             self.residual[fragment] = residual  # what this contribution's encoding lost goes into the next
+        self.own_norms.settled(fragment, merged)
         if merged:
-            if norm is not None:
-                self.own_norms.setdefault(fragment, deque(maxlen=HISTORY)).append(norm)
             return "merged", None
         reasons = [r["reason"] for r in record["rejected"] if r.get("node") == self.node_id]
         return ("rejected", reasons[0]) if reasons else ("missed", None)
