@@ -23,7 +23,7 @@ from .engine.node import Node
 from .engine.stall import StallWatch
 from .errors import ConfigError, MailboxUnavailable, SessionStateError
 from .events import Event, JsonLines, log_event
-from .frameworks.base import adapter_for, frozen_of, schema_digest
+from .frameworks.base import adapter_for, compare_frozen, frozen_of, schema_digest
 from .mailbox.contract import Mailbox
 from .mailbox.metered import Metered
 from .mailbox.named import open_mailbox
@@ -247,12 +247,14 @@ class Session:
         what is not synchronized, optimizer and scheduler state included, stays as loaded. Contributions
         already published stay in flight and count if merged. The loaded weights themselves are not kept:
         a node trains the run's model, and every commit aligns it with it again (docs/guide/training.md).
-        Call it between two steps, after the change."""
+        Call it between two steps, after the change. Frozen tensors are never sent, so a change that
+        made them differ from the run's raises SchemaMismatch, naming the tensor, and nothing changes."""
         if self._state != "open":
             raise SessionStateError(
                 "session.reset() was called outside the Session's `with` block; a model loaded before "
                 "entering needs no reset (joining a run takes its committed model)"
             )
+        compare_frozen(frozen_of(self.adapter), self.run.frozen)
         self.node.reset()
 
     # ---- what the communication thread and the user read ---------------------------------------------

@@ -187,3 +187,15 @@ def test_a_checkpoint_saved_after_a_reset_resumes_without_the_contribution_made_
             second.step(samples=4)
     assert_same(committed(mailbox), plain_sgd([0, 1, 2, 3, 5, 6, 7], 0.1))
     assert [c["steps"] for c in read_commit(mailbox, 0, 2)["contributors"]] == [3]
+
+
+def test_a_reset_after_loading_other_frozen_weights_names_the_tensor_and_changes_nothing(tmp_path):
+    model = tiny_mlp()
+    model[0].weight.requires_grad_(False)  # a frozen base: never sent, checked equal at join
+    with sl.Session(model, algorithm=algorithm(), mailbox=sl.DirMailbox(tmp_path / "run"), node_id="n",
+                    poll_seconds=0.005) as session:  # fmt: skip
+        model.load_state_dict(tiny_mlp(seed=7).state_dict())
+        loaded = [p.detach().clone() for p in model.parameters()]
+        with pytest.raises(sl.SchemaMismatch, match=r"frozen tensor '0.weight'"):
+            session.reset()
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), loaded, strict=True))
