@@ -8,6 +8,7 @@ from .algorithms.robust import NormClippedMean, TrimmedMean
 from .align import align
 from .errors import (
     ConfigError,
+    ContributionRefused,
     MailboxError,
     PayloadError,
     RunConfigMismatch,
@@ -33,6 +34,7 @@ def __getattr__(name: str):
 __all__ = [
     "BalancedBytes",
     "ConfigError",
+    "ContributionRefused",
     "DiLoCo",
     "DirMailbox",
     "Event",

@@ -23,7 +23,7 @@ from .engine.node import Node
 from .engine.stall import StallWatch
 from .errors import ConfigError, MailboxUnavailable, SessionStateError
 from .events import Event, JsonLines, log_event
-from .frameworks.base import adapter_for, frozen_of, schema_digest
+from .frameworks.base import adapter_for, compare_frozen, frozen_of, schema_digest
 from .mailbox.contract import Mailbox
 from .mailbox.metered import Metered
 from .mailbox.named import open_mailbox
@@ -51,6 +51,8 @@ class SessionStats:
     contributions_sent: int
     contributions_late: int  # missed their round; their steps were carried into the next contribution
     contributions_rejected: int  # rejected by this node as the leader, with reasons in the commit records
+    own_contributions_rejected: int  # this node's, rejected by the merger; their steps were carried on
+    contributions_refused: int  # not published: far outside this node's history (ContributionRefused)
     syncs_deferred: int  # due while the in-flight limit was reached; published later, nothing lost
     syncs_skipped: int  # due for a round already committed (a node joining mid-round); steps carried
     steps_replaced: int  # overlap steps replaced by a commit (mixing keeps a share of them)
@@ -238,6 +240,26 @@ class Session:
             raise self.courier.failure
         self.node.step(samples)
 
+    def reset(self) -> None:
+        """Say that the model was changed outside training, e.g. by `model.load_state_dict(...)` (which
+        `Trainer(resume_from_checkpoint=...)` calls) inside the `with` block: otherwise the next contribution
+        would publish the change as one huge pseudo-gradient into everyone's model.
+
+        The synchronized tensors take the newest commits this node holds again (the run's model, as a
+        joiner gets it), and the steps trained since the last sync are dropped (`steps_dropped`);
+        what is not synchronized, optimizer and scheduler state included, stays as loaded. Contributions
+        already published stay in flight and count if merged. The loaded weights themselves are not kept:
+        a node trains the run's model, and every commit aligns it with it again (docs/guide/training.md).
+        Call it between two steps, after the change. Frozen tensors are never sent, so a change that
+        made them differ from the run's raises SchemaMismatch, naming the tensor, and nothing changes."""
+        if self._state != "open":
+            raise SessionStateError(
+                "session.reset() was called outside the Session's `with` block; a model loaded before "
+                "entering needs no reset (joining a run takes its committed model)"
+            )
+        compare_frozen(frozen_of(self.adapter), self.run.frozen)
+        self.node.reset()
+
     # ---- what the communication thread and the user read ---------------------------------------------
 
     def _status(self) -> NodeStatus:
@@ -278,7 +300,9 @@ class Session:
             node=self.node_id, step=state.step, samples=state.samples, versions=state.versions,
             commits_applied=counts["commit_applied"], rounds_merged=counts["round_merged"],
             contributions_sent=counts["contribution_sent"], contributions_late=counts["contribution_late"],
-            contributions_rejected=counts["contribution_rejected"], syncs_deferred=counts["sync_deferred"],
+            contributions_rejected=counts["contribution_rejected"],
+            own_contributions_rejected=counts["own_contribution_rejected"],
+            contributions_refused=counts["contribution_refused"], syncs_deferred=counts["sync_deferred"],
             syncs_skipped=counts["sync_skipped"], steps_replaced=counts["steps_replaced:steps"],
             steps_dropped=counts["steps_dropped:steps"], steps_unconfirmed=counts["steps_unconfirmed:steps"],
             mailbox_errors=counts["mailbox_error"], uploads_failed=counts["upload_failed"],
