@@ -33,7 +33,7 @@ from .protocol.courier import Courier, NodeStatus
 from .protocol.joined import joined_event, refuse_resuming
 from .protocol.leases import refuse_if_live
 from .protocol.run import open_run
-from .protocol.trust import RunKey, Signed
+from .protocol.trust import RunKey, trusted_view
 from .wire.encodings import ENCODINGS
 
 
@@ -172,7 +172,7 @@ class Session:
             since=self._entered_at,
         )  # fmt: skip
         self.courier.start()
-        self._leases_read_at_join = self.courier.leases_read
+        self._leases_read_at_join = self.courier.leases.reads
         self._state = "open"
         self._announce(created, [version for version, _ in latest.values()])
         self._say_if_plan_reduced()
@@ -352,7 +352,7 @@ class Session:
             )
         settle = self.courier.watch_seconds  # long enough for nodes started with this one to write theirs
         deadline = self._entered_at + 3 * settle
-        while self.courier.leases_read <= self._leases_read_at_join and self.clock.now() < deadline:
+        while self.courier.leases.reads <= self._leases_read_at_join and self.clock.now() < deadline:
             if self.clock.now() >= self._entered_at + settle:
                 self.courier.request_leases()
             self.clock.sleep(min(0.01, settle / 10))
@@ -396,8 +396,3 @@ def _count_of(samples: object) -> int:
 def _default_node_id() -> str:
     host = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-")[:40] or "node"
     return f"{host}-{os.getpid()}"
-
-
-def trusted_view(mailbox: Mailbox, run_key: RunKey | None) -> Mailbox:
-    """With a run key, the mailbox as the protocol sees it: every record signed on write, checked on read."""
-    return mailbox if run_key is None else Signed(mailbox, run_key)

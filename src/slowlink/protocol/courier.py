@@ -174,10 +174,6 @@ class Courier:
             self.leases.observe(sweep=self.leadership.is_leader)
         return self.leases.live()
 
-    @property
-    def leases_read(self) -> int:
-        return self.leases.reads
-
     def _loop(self) -> None:
         while not self._stopping.is_set():
             try:
