@@ -95,7 +95,9 @@ def test_compress_subtracts_exactly_what_was_sent():
     # the coefficients left in m are the unsent ones: at the sent indices only the quantization error
     left = d.forward(after.momentum["w"], layout, basis)
     full = d.forward(m, layout, basis)
-    assert torch.allclose(left.gather(1, sent["w"].indices), full.gather(1, sent["w"].indices) - sent["w"].values, atol=1e-5)
+    assert torch.allclose(
+        left.gather(1, sent["w"].indices), full.gather(1, sent["w"].indices) - sent["w"].values, atol=1e-5
+    )
     unsent = torch.ones_like(full, dtype=torch.bool).scatter_(1, sent["w"].indices, False)
     assert torch.allclose(left[unsent], full[unsent], atol=1e-5)
 

@@ -240,7 +240,9 @@ def demo_math(
             m = state.momentum[name]
             layout = layout_of(tuple(m.shape), chunk)
             basis = basis_of(layout, transform, seed=seed, step=state.step, like=m)
-            out[name] = inverse(sparse_average(sparse, layout.chunk_numel, sparse_average_over), layout, basis)
+            out[name] = inverse(
+                sparse_average(sparse, layout.chunk_numel, sparse_average_over), layout, basis
+            )
         return out, DeMoState(state.momentum, state.step + 1)
 
     return DeMoMath(init, compress, direction)

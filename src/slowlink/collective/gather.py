@@ -22,9 +22,11 @@ class TorchDistributedExchange:
         self.nodes = dist.get_world_size(group)
 
     def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        rows = [torch.empty_like(tensor) for _ in range(self.nodes)]
-        dist.all_gather(rows, tensor.contiguous(), group=self.group)
-        return torch.stack(rows)
+        # As bytes: gloo has no int16, and the bytes are what travels anyway.
+        raw = tensor.contiguous().view(torch.uint8)
+        rows = [torch.empty_like(raw) for _ in range(self.nodes)]
+        dist.all_gather(rows, raw, group=self.group)
+        return torch.stack(rows).view(tensor.dtype)
 
     def all_gather(self, indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self._gather(indices), self._gather(values)

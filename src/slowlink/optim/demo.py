@@ -33,7 +33,9 @@ def _default_exchange() -> CoefficientExchange:
     return SingleNode()
 
 
-def _check_options(lr, compression_decay, topk, chunk, transform, sparse_average, values, value_scale, wd, subtract):
+def _check_options(
+    lr, compression_decay, topk, chunk, transform, sparse_average, values, value_scale, wd, subtract
+):
     choices = {"transform": (transform, TRANSFORMS), "sparse_average": (sparse_average, SPARSE_AVERAGES),
                "values": (values, VALUES), "value_scale": (value_scale, VALUE_SCALES)}  # fmt: skip
     for name, (given, allowed) in choices.items():
@@ -41,11 +43,17 @@ def _check_options(lr, compression_decay, topk, chunk, transform, sparse_average
             raise ConfigError(f"DeMo({name}={given!r}): choose one of {', '.join(map(repr, allowed))}")
     for name, given in {"topk": topk, "chunk": chunk}.items():
         if not isinstance(given, int) or isinstance(given, bool) or given < 1:
-            raise ConfigError(f"DeMo({name}={given!r}): it must be a whole number ≥ 1 (defaults: topk=32, chunk=64)")
+            raise ConfigError(
+                f"DeMo({name}={given!r}): it must be a whole number ≥ 1 (defaults: topk=32, chunk=64)"
+            )
     if not (isfinite(lr) and lr > 0):
-        raise ConfigError(f"DeMo(lr={lr!r}): the learning rate must be a finite number > 0 (DeMo's default 4e-4)")
+        raise ConfigError(
+            f"DeMo(lr={lr!r}): the learning rate must be a finite number > 0 (DeMo's default 4e-4)"
+        )
     if not 0 <= compression_decay < 1:
-        raise ConfigError(f"DeMo(compression_decay={compression_decay!r}): β must lie in [0, 1) (default 0.999)")
+        raise ConfigError(
+            f"DeMo(compression_decay={compression_decay!r}): β must lie in [0, 1) (default 0.999)"
+        )
     if not (isfinite(wd) and wd >= 0) or not (isfinite(subtract) and subtract >= 0):
         raise ConfigError(f"DeMo(weight_decay={wd!r}, subtract={subtract!r}): both must be finite and ≥ 0")
 
@@ -58,7 +66,9 @@ def _check_parameters(groups: list[dict]) -> None:
             if p.layout != torch.strided:
                 raise ConfigError(f"DeMo cannot train {where}: it is sparse ({p.layout}); pass dense tensors")
             if not p.dtype.is_floating_point:
-                raise ConfigError(f"DeMo cannot train {where}: it is not floating point; leave it out of params")
+                raise ConfigError(
+                    f"DeMo cannot train {where}: it is not floating point; leave it out of params"
+                )
             devices.add(p.device)
     if len(devices) > 1:
         raise ConfigError(f"DeMo's parameters lie on {sorted(map(str, devices))}: keep them on one device")
@@ -104,7 +114,11 @@ class DeMo(torch.optim.Optimizer):
         )  # fmt: skip
 
     def _named(self) -> list[tuple[str, torch.Tensor, dict]]:
-        return [(f"{g}.{i}", p, group) for g, group in enumerate(self.param_groups) for i, p in enumerate(group["params"])]
+        return [
+            (f"{g}.{i}", p, group)
+            for g, group in enumerate(self.param_groups)
+            for i, p in enumerate(group["params"])
+        ]
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -118,7 +132,10 @@ class DeMo(torch.optim.Optimizer):
         grads = {name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p, _ in named}
         first = self.state[named[0][1]] if named else {}
         state = DeMoState(
-            {name: self.state[p].get("momentum", torch.zeros_like(p, dtype=torch.float32)) for name, p, _ in named},
+            {
+                name: self.state[p].get("momentum", torch.zeros_like(p, dtype=torch.float32))
+                for name, p, _ in named
+            },
             int(first.get("step", 0)),
         )
         sent, state = self._math.compress(grads, state, {name: group["lr"] for name, _, group in named})
@@ -135,7 +152,11 @@ class DeMo(torch.optim.Optimizer):
         """Every node's coefficients per tensor, (nodes, chunks, k), less the nodes that failed a check."""
         layouts = {name: layout_of(tuple(self._shapes[name]), self.chunk) for name in sent}
         # The index type follows from the layouts alone, so every node picks the same one.
-        index_type = torch.int16 if max((lay.chunk_numel for lay in layouts.values()), default=1) <= 2**15 else torch.int32
+        index_type = (
+            torch.int16
+            if max((lay.chunk_numel for lay in layouts.values()), default=1) <= 2**15
+            else torch.int32
+        )
         value_type = torch.bfloat16 if self.values == "bf16" else torch.float32
         indices = torch.cat([s.indices.reshape(-1) for s in sent.values()]).to(index_type)
         values = torch.cat([s.values.reshape(-1) for s in sent.values()]).to(value_type)

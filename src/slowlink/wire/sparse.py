@@ -51,7 +51,9 @@ def _unpack_uints(data: bytes, count: int, bits: int) -> np.ndarray:
 def _bf16_bits(values: np.ndarray, what: str) -> np.ndarray:
     bits = np.ascontiguousarray(values, np.float32).view(np.uint32)
     if np.any(bits & 0xFFFF):
-        raise PayloadError(f"{what} are not bf16 numbers: round them to bf16 first (algorithms.demo.quantize)")
+        raise PayloadError(
+            f"{what} are not bf16 numbers: round them to bf16 first (algorithms.demo.quantize)"
+        )
     return (bits >> 16).astype("<u2")
 
 
@@ -92,12 +94,19 @@ def _encode_values(values: np.ndarray, how: str, scale: str) -> bytes:
     codes = np.clip(np.rint((values / safe + 1) * 1.5), 0, 3).astype(np.uint8)
     codes = np.where(s > 0, codes, np.where(np.signbit(values), 1, 2)).astype(np.uint8)
     if np.any(TWO_BIT_LEVELS[codes] * s != values):
-        raise PayloadError("2bit values must lie on TWO_BIT_LEVELS·max|v| of their group: quantize them first")
+        raise PayloadError(
+            "2bit values must lie on TWO_BIT_LEVELS·max|v| of their group: quantize them first"
+        )
     return _bf16_bits(s, "the scales").tobytes() + _pack_uints(codes.ravel(), 2)
 
 
 def encode_sparse(
-    indices: np.ndarray, values: np.ndarray, chunk_numel: int, *, values_as: str = "bf16", scale: str = "tensor"
+    indices: np.ndarray,
+    values: np.ndarray,
+    chunk_numel: int,
+    *,
+    values_as: str = "bf16",
+    scale: str = "tensor",
 ) -> bytes:
     """Pack (chunks, k) chunk-local indices and their values, already quantized as `values_as`."""
     if values_as not in VALUE_FORMATS or scale not in SCALES:
@@ -105,16 +114,26 @@ def encode_sparse(
     indices, values = np.asarray(indices), np.asarray(values, np.float32)
     check_coefficients(indices, values, chunk_numel)
     chunks, k = indices.shape
-    header = HEADER.pack(MAGIC, VERSION, VALUE_FORMATS.index(values_as), SCALES.index(scale), chunks, k, chunk_numel)
-    return header + _pack_uints(indices.ravel(), index_bits(chunk_numel)) + _encode_values(values, values_as, scale)
+    header = HEADER.pack(
+        MAGIC, VERSION, VALUE_FORMATS.index(values_as), SCALES.index(scale), chunks, k, chunk_numel
+    )
+    return (
+        header
+        + _pack_uints(indices.ravel(), index_bits(chunk_numel))
+        + _encode_values(values, values_as, scale)
+    )
 
 
 def _read_header(data: bytes, chunks: int, k: int, chunk_numel: int) -> tuple[str, str]:
     if len(data) < HEADER.size:
-        raise PayloadError(f"{len(data)} bytes: shorter than the {HEADER.size}-byte header of sparse coefficients")
+        raise PayloadError(
+            f"{len(data)} bytes: shorter than the {HEADER.size}-byte header of sparse coefficients"
+        )
     magic, version, how, scale, *layout = HEADER.unpack_from(data)
     if magic != MAGIC or version != VERSION or how >= len(VALUE_FORMATS) or scale >= len(SCALES):
-        raise PayloadError(f"not sparse coefficients of format {VERSION} (magic {magic!r}, version {version})")
+        raise PayloadError(
+            f"not sparse coefficients of format {VERSION} (magic {magic!r}, version {version})"
+        )
     if tuple(layout) != (chunks, k, chunk_numel):
         raise PayloadError(
             f"{layout[0]} chunks of {layout[1]} coefficients out of {layout[2]}, where the tensor has "
