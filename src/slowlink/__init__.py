@@ -23,6 +23,11 @@ from .session import Session, SessionStats
 
 
 def __getattr__(name: str):
+    # DeMo is a torch optimizer (the torch extra): imported on first use, like S3Mailbox.
+    if name == "DeMo":
+        from .optim import DeMo
+
+        return DeMo
     # S3Mailbox needs boto3 (the s3 extra): imported on first use, so `import slowlink` works without it.
     if name == "S3Mailbox":
         from .mailbox import S3Mailbox
@@ -35,6 +40,7 @@ __all__ = [
     "BalancedBytes",
     "ConfigError",
     "ContributionRefused",
+    "DeMo",
     "DiLoCo",
     "DirMailbox",
     "Event",
