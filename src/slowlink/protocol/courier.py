@@ -289,7 +289,9 @@ class Courier:
         delta.update(host_arrays(delta))
         for name, values in delta.items():
             np.subtract(item.anchor[name], values, out=values)
-        norm = l2_norm(delta)  # reported, so the merger can judge each contribution against the others
+        norm = l2_norm(
+            self.run.judged(delta)
+        )  # reported, so the merger can judge each contribution against the others
         if (reason := self.own_norms.judge(item.fragment, norm, item.steps)) is not None:
             self.emit(Event("contribution_refused", self.node_id, f"fragment {item.fragment} round {round_}: "
                             f"{reason}; not published", {"fragment": item.fragment, "round": round_,

@@ -195,7 +195,7 @@ class Merger:
         for node, record in sorted(current.accepted.items()):
             try:
                 delta = self._load_contribution(fragment, current.round, node, record["blob"])
-                current.norms[node] = norm = l2_norm(delta)
+                current.norms[node] = norm = l2_norm(self.run.judged(delta))
                 self._judge_norm(node, norm, reported, history, anchor_norm, current.steps[node])
             except PayloadError as error:
                 self._reject(current, node, str(error))
@@ -310,7 +310,7 @@ class Merger:
             with np.errstate(over="ignore", invalid="ignore"):
                 try:
                     delta = self.method.combine(
-                        self._contributions(fragment, current, l2_norm(anchor), weights)
+                        self._contributions(fragment, current, l2_norm(self.run.judged(anchor)), weights)
                     )
                 except ValueError:
                     return None  # every payload failed its checks: the round closes empty once all reported
