@@ -30,7 +30,8 @@ def test_status_of_a_finished_directory_run_shows_every_departed_node_with_the_t
     path = tmp_path / "run"
     mailbox = sl.DirMailbox(path)
     log = EventLog()
-    _, stats = run_nodes(2, ALGORITHM, mailbox, 20, on_event=log)
+    # close_timeout: the last round waits for a node that has left no longer than a fresh look at the leases
+    _, stats = run_nodes(2, ALGORITHM, mailbox, 20, on_event=log, close_timeout=10)
 
     status = status_json(capsys, str(path))
     # The node that left last holds the newest commits: it may have merged rounds alone at the end.

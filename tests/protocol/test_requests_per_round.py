@@ -88,3 +88,22 @@ def test_a_commit_costs_the_merger_one_head_put_and_no_summary_or_garbage_reques
     # The learner reads each commit's record once, and its blob.
     assert theirs["GET commits/"] <= stats[learner].commits_applied + 4  # and a few when joining
     assert theirs["GET blobs/"] <= stats[learner].commits_applied + 2
+
+
+def test_reading_the_leases_rarely_does_not_keep_a_round_waiting_for_a_node_that_left():
+    # Leases are read a quarter lease apart (30 s here); a round waiting for a node reads them again within
+    # a couple of seconds, so the node that left is not waited for until the next quarter lease.
+    store = sl.MemoryMailbox()
+    algorithm = sl.DiLoCo(sync_every=2, quorum_size=2, flush_on_close=True)  # no barrier: a.step() returns
+    options = {"algorithm": algorithm, "mailbox": store, "poll_seconds": 0.005, "lease_seconds": 120.0}
+    model = tiny_mlp()
+    with sl.Session(model, node_id="a", close_timeout=8.0, **options) as a:
+        with sl.Session(tiny_mlp(), node_id="b", **options):
+            for batch in batches(0, 2):  # a's round 1 is in, and it waits for b, whose lease it has read
+                sgd_step(model, batch, 0.1)
+                a.step(samples=len(batch[0]))
+            deadline = threading.Event()
+            while a.courier.leases.reads < 2 and not deadline.wait(0.01):
+                pass
+        # b left without contributing; a leaves too, waiting at most close_timeout for its round
+    assert a.stats.steps_dropped == 0 and a.stats.commits_applied == 1

@@ -161,13 +161,11 @@ class Merger:
                         {"round": current.round, "from": node, "reason": reason}))  # fmt: skip
 
     def _ready(self, current: OpenRound, live_nodes: Callable[[bool], set[str]]) -> bool:
-        """Closing before the quorum and grace say so needs every live node to have reported, on a fresh
-        view of the leases: read only when the view at hand says the round could close, so that waiting
-        for a node costs no reads."""
+        """Closing before the quorum and grace say so needs every live node to have reported, on a view of
+        the leases at most a couple of seconds old (live_nodes(True)): a node that joined is waited for, one
+        that left is not waited for long."""
         reported = set(current.accepted) | set(current.rejected)
-        every_live_node_reported = (
-            bool(reported) and live_nodes(False) <= reported and live_nodes(True) <= reported
-        )
+        every_live_node_reported = bool(reported) and live_nodes(True) <= reported
         if not current.accepted:
             # Every contribution so far was rejected: once every live node has reported, the round commits
             # empty, and each rejected node learns from that commit why, and carries its steps on.
@@ -177,7 +175,6 @@ class Merger:
         grace = rounds_.grace_seconds(
             self.rounds, [record["step_seconds"] for record in current.accepted.values()]
         )
-        every_live_node_reported = live_nodes(False) <= reported and live_nodes(True) <= reported
         return rounds_.closes(every_live_node_reported=every_live_node_reported,
                               quorum_since=current.quorum_at, now=self.clock(), grace=grace)  # fmt: skip
 
