@@ -4,6 +4,7 @@ the device is the CPU, and the code path is the one a GPU takes (a torch functio
 
 import threading
 
+import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -86,9 +87,68 @@ def test_a_fragment_is_cloned_into_the_tensors_of_its_previous_contribution():
     assert spy.copies == len(session.adapter.schema)  # one clone of each tensor, at its fragment's first sync
 
 
+class Crossings(TorchDispatchMode):
+    """Records, on the thread that entered it, each operation that moves data between host memory and a tensor
+    the other way from `.numpy()` and `.cpu()`: host memory made a tensor (torch.from_numpy, as_tensor, whose
+    data a GPU must then copy in), and copies from one device to another."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.thread = threading.get_ident()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.__name__.split(".")[0]
+        moves = name in ("_to_copy", "copy_") and _devices(args, kwargs) > 1
+        if threading.get_ident() == self.thread and (name == "lift_fresh" or moves):
+            self.calls.append(name)
+        return func(*args, **kwargs)
+
+
+def _devices(args: tuple, kwargs: dict) -> int:
+    """How many devices an operation's tensors and its `device=` name."""
+    devices = {a.device for a in args if isinstance(a, torch.Tensor)}
+    return len(devices | ({torch.device(kwargs["device"])} if kwargs.get("device") is not None else set()))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"overlap_steps": 0}, {"overlap_steps": 1}, {"overlap_steps": 1, "mixing": 0.5}],
+    ids=["at-the-sync", "overlapped", "blended"],
+)
+def test_applying_a_commit_moves_nothing_between_host_and_device_on_the_training_thread(options):
+    """The commit's parameters come to the device on the communication thread; the node's anchor lives
+    there, and θ ← θ + (Θ_new − Θ_old + Δ) (or the blend) runs there: no host array enters the training
+    thread, whether the node waits for the commit at its sync step, τ steps later, or blends it in."""
+    model, events = wide_mlp(), []
+    algorithm = sl.DiLoCo(sync_every=2, fragments=2, **options)
+    with sl.Session(model, algorithm=algorithm, mailbox=sl.MemoryMailbox(), node_id="n", poll_seconds=0.005,
+                    on_event=events.append) as session:  # fmt: skip
+        host_calls, crossings, applying = HostCopies(list(model.parameters())), Crossings(), 0
+        for batch in batches(0, 12):
+            sgd_step(model, batch, 0.05)
+            seen = len(events)
+            with host_calls, crossings:
+                session.step(samples=4)
+            applying += any(e.kind == "commit_applied" for e in events[seen:])  # emitted in step()
+    assert applying >= 5  # steps that applied a commit were spied on
+    assert host_calls.calls == [] and crossings.calls == []
+    anchors = [params[name] for _, params in session.node.anchors.values() for name in params]
+    assert all(isinstance(anchor, torch.Tensor) for anchor in anchors)  # on the model's device
+
+
 def test_the_spy_sees_a_host_copy_when_there_is_one():
     model = wide_mlp()
     spy = HostCopies(list(model.parameters()))
     with spy:
         next(model.parameters()).detach().cpu().numpy()
     assert spy.calls == ["cpu", "numpy"]
+
+
+def test_the_crossings_spy_sees_host_memory_entering_torch():
+    spy, host = Crossings(), next(wide_mlp().parameters()).detach().numpy()
+    with spy:
+        torch.from_numpy(host)
+        torch.as_tensor(host)
+    assert spy.calls == ["lift_fresh", "lift_fresh"]

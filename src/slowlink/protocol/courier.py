@@ -15,11 +15,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..algorithms.method import Method
 from ..algorithms.robust import l2_norm
-from ..arrays import Arrays
+from ..arrays import Arrays, subtract_into
 from ..clock import REAL, Clock
 from ..engine.channel import Arrival, Contribution
 from ..errors import MailboxError, PayloadError, TrainingDiverged
@@ -62,10 +60,14 @@ class Courier:
         compression: str | None,
         clock: Clock = REAL,
         beat_seconds: float | None = None,
+        on_device: Callable[[Arrays], dict] | None = None,
     ) -> None:
-        """beat_seconds: how often the lease is renewed (default: a fraction of the lease, leader.py)."""
+        """beat_seconds: how often the lease is renewed (default: a fraction of the lease, leader.py).
+        on_device: how a commit's host parameters reach the model's device, here on this thread, before the
+        node applies them (the adapter's, frameworks/base.py on_device_of; default: they stay on host)."""
         self.mailbox, self.run, self.method, self.node_id = mailbox, run, method, node_id
-        self.latest = latest  # fragment -> (version, params): the newest commit this node holds
+        self.latest = latest  # fragment -> (version, params): the newest commit this node holds, on host
+        self.on_device = on_device if on_device is not None else dict
         self.emit, self.status, self.clock = emit, status, clock
         self.wire = method.wire()
         self.encoding, self.compression = self.wire.delta_dtype or "F32", compression
@@ -277,17 +279,16 @@ class Courier:
                          "bytes": len(data), "blob": sha}))  # fmt: skip
 
     def _prepare(self, item: Contribution, round_: int) -> tuple[bytes, str, float]:
-        # The snapshot to host, here on the communication thread (a view, for a tensor already in host
-        # memory); then Δ = θ_anchor − θ_local in its own buffer: no second copy of the fragment. The dict is
-        # the node's record of the contribution too: it holds Δ from now on.
+        # Δ = θ_anchor − θ_local in the snapshot's own buffers, where they are (the model's device), here on
+        # the communication thread: no second copy of the fragment. The dict is the node's record of the
+        # contribution too: it holds Δ from now on.
         delta = item.snapshot
-        delta.update(host_arrays(delta))
         for name, values in delta.items():
-            np.subtract(item.anchor[name], values, out=values)
+            subtract_into(item.anchor[name], values)
         norm = l2_norm(delta)  # reported, so the merger can judge each contribution against the others
         header = self.run.expect(kind="delta", fragment=item.fragment, round=round_, node=self.node_id)
         try:
-            data = self._encode(item.fragment, delta, header)
+            data = self._encode(item.fragment, host_arrays(delta), header)
         except PayloadError as error:  # raised in the training thread by the next session.step()
             raise TrainingDiverged(
                 f"fragment {item.fragment}'s contribution after local step {item.step} cannot be sent: {error}"
@@ -342,7 +343,7 @@ class Courier:
         mine = self._fate_of_mine(fragment, version, record)
         self._news = True
         self.latest[fragment] = (version, params)
-        self.inbox.put(Arrival(fragment, version, params, mine))
+        self.inbox.put(Arrival(fragment, version, self.on_device(params), mine))
 
     def _fate_of_mine(self, fragment: int, version: int, record: dict) -> str | None:
         awaited = self.sent.get(fragment)
