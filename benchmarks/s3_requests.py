@@ -90,7 +90,9 @@ def train(args: dict, out: str) -> None:
             step()
         Path(out).write_text(json.dumps({"wall": time.perf_counter() - started}))
         return
-    mailbox = KeyCounter(sl.S3Mailbox(args["bucket"], args["prefix"], endpoint_url=args["url"], region=args["region"]))
+    mailbox = KeyCounter(
+        sl.S3Mailbox(args["bucket"], args["prefix"], endpoint_url=args["url"], region=args["region"])
+    )
     algorithm = sl.DiLoCo(sync_every=SYNC_EVERY, fragments=FRAGMENTS)
     while not Path(args["go"]).exists():  # both processes start training together
         time.sleep(0.005)
@@ -111,7 +113,11 @@ def run_pair(endpoint, folder: str) -> list[dict]:
     for node in range(2):
         args = {"url": endpoint.url, "bucket": endpoint.bucket, "region": endpoint.region, "prefix": prefix,
                 "node": node, "plain": False, "go": go}  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(args), f"{folder}/{node}.json"]))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, __file__, "--worker", json.dumps(args), f"{folder}/{node}.json"]
+            )
+        )
     time.sleep(3.0)  # both have imported torch and slowlink
     Path(go).touch()
     for proc in procs:
@@ -133,7 +139,9 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md as it is")
+    parser.add_argument(
+        "--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md as it is"
+    )
     options = parser.parse_args()
     plain_walls, pair_walls, per_round, counts = [], [], [], Counter()
     with open_s3_endpoint() as endpoint, tempfile.TemporaryDirectory() as folder:

@@ -18,6 +18,13 @@ def zeros_like(values: np.ndarray) -> np.ndarray:
     return values.new_zeros(values.shape)
 
 
+def float32_copy(values: np.ndarray) -> np.ndarray:
+    """A float32 copy of a numpy array, or of a torch tensor on its device (signs of zeros kept)."""
+    if isinstance(values, np.ndarray):
+        return np.array(values, dtype=np.float32)
+    return values.detach().float().clone()
+
+
 def float64_empty(values: np.ndarray, size: int) -> np.ndarray:
     """An uninitialised float64 vector of `size` beside `values` (on a torch tensor's device)."""
     if isinstance(values, np.ndarray):

@@ -10,6 +10,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import slowlink as sl
+from slowlink.wire import payload
 
 from .nodes import batches, sgd_step, wide_mlp
 
@@ -152,3 +153,30 @@ def test_the_crossings_spy_sees_host_memory_entering_torch():
         torch.from_numpy(host)
         torch.as_tensor(host)
     assert spy.calls == ["lift_fresh", "lift_fresh"]
+
+
+@pytest.mark.parametrize("encoding", ["F32", "BF16", "F8_E4M3", "F4"])
+def test_a_contribution_encoded_on_the_device_has_the_bytes_of_the_host_path(encoding):
+    """Δ = anchor − snapshot is taken, and (but for F4) encoded, where the model is: the payload in the store is
+    byte for byte what numpy makes of the same snapshot on the host, and the node's Δ stays on the device."""
+    model, mailbox, deltas_kept = wide_mlp(), sl.MemoryMailbox(), []
+    algorithm = sl.DiLoCo(sync_every=2, fragments=1, overlap_steps=0, delta_dtype=encoding)
+
+    def on_event(event: sl.Event) -> None:  # on the communication thread, once the payload is stored
+        if event.kind == "contribution_sent" and event.data["round"] == 1:
+            deltas_kept.extend(session.node.outgoing[0].arrays.values())
+
+    with sl.Session(model, algorithm=algorithm, mailbox=mailbox, node_id="n", poll_seconds=0.005,
+                    on_event=on_event) as session:  # fmt: skip
+        anchor = {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
+        for batch in batches(0, 2):
+            sgd_step(model, batch, 0.05)
+            snapshot = {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
+            session.step(samples=4)  # the second publishes round 1 and waits for its commit
+        header = session.run.expect(kind="delta", fragment=0, round=1, node="n")
+    (sent,) = [key for key in mailbox.list("rounds/") if not key.key.endswith(".json")]
+    on_host = payload.pack(
+        {name: anchor[name] - snapshot[name] for name in anchor}, header, encoding=encoding
+    )
+    assert mailbox.get(sent.key).data == on_host
+    assert len(deltas_kept) == len(anchor) and all(isinstance(delta, torch.Tensor) for delta in deltas_kept)

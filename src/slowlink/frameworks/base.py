@@ -49,9 +49,11 @@ class Adapter(Protocol):
 
 
 def host_arrays(values: dict) -> Arrays:
-    """Host numpy arrays of what an adapter's `clone` or `snapshot` gave: numpy arrays pass as they are, a
+    """Host numpy arrays of what an adapter's `clone` or `snapshot` gave: numpy arrays (and scalars) pass as they are, a
     device tensor is copied to host (a CPU tensor is viewed, not copied: the clone is the caller's own)."""
-    return {name: v if isinstance(v, np.ndarray) else v.cpu().numpy() for name, v in values.items()}
+    return {
+        name: v if isinstance(v, np.ndarray | np.generic) else v.cpu().numpy() for name, v in values.items()
+    }
 
 
 def on_device_of(adapter: Adapter) -> Callable[[Arrays], dict]:

@@ -22,11 +22,10 @@ from ..clock import REAL, Clock
 from ..engine.channel import Arrival, Contribution
 from ..errors import MailboxError, PayloadError, TrainingDiverged
 from ..events import Event
-from ..frameworks.base import host_arrays
 from ..mailbox.contract import Mailbox
 from ..wire import payload
 from ..wire.compress import compress
-from ..wire.error_feedback import encode_arrays_with_feedback
+from ..wire.fragment import HostBuffer, encode_fragment
 from . import keys, records
 from .leader import Leadership, Liveness, writer
 from .leader import beat_seconds as beat_interval
@@ -63,18 +62,17 @@ class Courier:
         on_device: Callable[[Arrays], dict] | None = None,
     ) -> None:
         """beat_seconds: how often the lease is renewed (default: a fraction of the lease, leader.py).
-        on_device: how a commit's host parameters reach the model's device, here on this thread, before the
-        node applies them (the adapter's, frameworks/base.py on_device_of; default: they stay on host)."""
+        on_device: how a commit's parameters reach the model's device, on this thread (frameworks/base.py)."""
         self.mailbox, self.run, self.method, self.node_id = mailbox, run, method, node_id
         self.latest = latest  # fragment -> (version, params): the newest commit this node holds, on host
-        self.on_device = on_device if on_device is not None else dict
-        self.emit, self.status, self.clock = emit, status, clock
+        self.emit, self.status, self.clock, self.on_device = emit, status, clock, on_device or dict
         self.wire = method.wire()
         self.encoding, self.compression = self.wire.delta_dtype or "F32", compression
         # Error feedback: fragment -> what this node's encoding has lost so far, and the residual after the
         # contribution in flight, which replaces it only once that contribution is merged.
         self.residual: dict[int, Arrays] = {}
         self.residual_in_flight: dict[int, Arrays] = {}
+        self.host_buffer = HostBuffer()  # where contributions encoded on the device come to host
         self.poll_seconds, self.lease_seconds = poll_seconds, lease_seconds
         self.beat_seconds = beat_seconds if beat_seconds is not None else beat_interval(lease_seconds)
         self.watch_seconds = min(self.beat_seconds, WATCH_SECONDS)
@@ -288,7 +286,7 @@ class Courier:
         norm = l2_norm(delta)  # reported, so the merger can judge each contribution against the others
         header = self.run.expect(kind="delta", fragment=item.fragment, round=round_, node=self.node_id)
         try:
-            data = self._encode(item.fragment, host_arrays(delta), header)
+            data = self._encode(item.fragment, delta, header)
         except PayloadError as error:  # raised in the training thread by the next session.step()
             raise TrainingDiverged(
                 f"fragment {item.fragment}'s contribution after local step {item.step} cannot be sent: {error}"
@@ -296,13 +294,13 @@ class Courier:
         return data, payload.digest(data), norm
 
     def _encode(self, fragment: int, delta: Arrays, header: dict) -> bytes:
-        if self.wire.error_feedback:
-            encoded, self.residual_in_flight[fragment] = encode_arrays_with_feedback(
-                delta, self.residual.get(fragment), self.encoding
-            )
-            data = payload.pack_encoded(encoded, header, encoding=self.encoding)
-        else:
-            data = payload.pack(delta, header, encoding=self.encoding)
+        # On the model's device where the encoding allows it: then only the encoded bytes come to host.
+        feedback = self.wire.error_feedback
+        encoded, residual = encode_fragment(delta, self.encoding, feedback=feedback,
+                                            residual=self.residual.get(fragment), buffer=self.host_buffer)  # fmt: skip
+        if feedback:
+            self.residual_in_flight[fragment] = residual
+        data = payload.pack_encoded(encoded, header, encoding=self.encoding)
         return compress(data) if self.compression == "zstd" else data
 
     def _poll_head(self) -> None:
