@@ -1,11 +1,14 @@
 """What a Session costs a node: time of session.step(), extra host memory, and requests per round.
 
-    python benchmarks/session_costs.py            # all three, about two minutes on 2 cores
+    python benchmarks/session_costs.py            # all three, about four minutes on 2 cores
+    python benchmarks/session_costs.py --memory   # only print the memory table, for a quick look
 
 step():   a 0.8M-parameter GPT, 20k calls of session.step() on steps that sync nothing, and the time of
           a sync step (the snapshot of the due fragment), against the targets of 50 µs and "snapshot only".
-memory:   two learner processes over a DirMailbox with a 10.3M-parameter MLP (fragments=8), against the
-          same loop without slowlink: peak RSS of each, and the difference in multiples of the model.
+memory:   two learner processes over a DirMailbox with a 10.3M-parameter MLP, fragments=1 and 8, zstd on
+          and off, against the same loop without slowlink: peak RSS of each, the difference in multiples
+          of the model, and the peak of what numpy and Python allocated (tracemalloc; torch's own
+          tensors are not in it).
 requests: the same run's requests per round and per node, by verb, for the merging node and the other.
 """
 
@@ -17,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 import torch
@@ -78,7 +82,8 @@ def step_overhead() -> dict:
     }
 
 
-def node_process(mode: str, mailbox: str, node: int, steps: int, out: str) -> None:
+def node_process(mode: str, mailbox: str, node: int, steps: int, out: str, fragments: int = 8,
+                 compression: str | None = None) -> None:  # fmt: skip
     """One learner: trains the MLP for `steps` and records its peak RSS (and, in a session, its requests)."""
     torch.set_num_threads(1)
     model = mlp()
@@ -93,30 +98,34 @@ def node_process(mode: str, mailbox: str, node: int, steps: int, out: str) -> No
         optimizer.step()
 
     result = {}
+    tracemalloc.start()
     if mode == "plain":
         for _ in range(steps):
             train_step()
     else:
-        algorithm = sl.DiLoCo(sync_every=40, fragments=8, in_flight=1)
+        algorithm = sl.DiLoCo(sync_every=40, fragments=fragments, in_flight=1)
         with sl.Session(model, algorithm=algorithm, mailbox=sl.DirMailbox(mailbox), node_id=f"node-{node}",
-                        poll_seconds=0.1) as session:  # fmt: skip
+                        poll_seconds=0.1, compression=compression) as session:  # fmt: skip
             for _ in range(steps):
                 train_step()
                 session.step(samples=BATCH)
         stats = session.stats
         result = {"requests": dict(session.mailbox.requests), "rounds": stats.commits_applied,
                   "merged": stats.rounds_merged, "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received}  # fmt: skip
+    result["traced_peak_bytes"] = tracemalloc.get_traced_memory()[1]
     result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     result["model_bytes"] = sum(p.numel() * 4 for p in model.parameters())
     Path(out).write_text(json.dumps(result))
 
 
-def two_nodes(mode: str, steps: int, env: dict | None = None) -> list[dict]:
+def two_nodes(mode: str, steps: int, env: dict | None = None, fragments: int = 8,
+              compression: str | None = None) -> list[dict]:  # fmt: skip
     folder = Path(tempfile.mkdtemp())
     command = [sys.executable, __file__, "--node", mode, str(folder / "run")]
     procs = [
         subprocess.Popen(
-            command + [str(i), str(steps), str(folder / f"{i}.json")], env=os.environ | (env or {})
+            command + [str(i), str(steps), str(folder / f"{i}.json"), str(fragments), compression or ""],
+            env=os.environ | (env or {}),
         )
         for i in range(2)
     ]
@@ -125,30 +134,40 @@ def two_nodes(mode: str, steps: int, env: dict | None = None) -> list[dict]:
     return [json.loads((folder / f"{i}.json").read_text()) for i in range(2)]
 
 
+MEMORY_CASES = [(1, None), (1, "zstd"), (8, None), (8, "zstd")]  # (fragments, compression)
+
+
+def memory_rows(steps: int) -> tuple[list[list[object]], list[dict], list[dict]]:
+    """Peak RSS of each node against the plain loop's, for every case of MEMORY_CASES, glibc's defaults;
+    and the plain run and the (8, None) session run, whose requests the next table shows."""
+    plain = two_nodes("plain", steps)
+    model_mb = plain[0]["model_bytes"] / 2**20
+    rows, kept = [], plain
+    for fragments, compression in MEMORY_CASES:
+        session = two_nodes("session", steps, fragments=fragments, compression=compression)
+        if (fragments, compression) == (8, None):
+            kept = session
+        for node in range(2):
+            extra = (session[node]["peak_rss_bytes"] - plain[node]["peak_rss_bytes"]) / 2**20
+            traced = (session[node]["traced_peak_bytes"] - plain[node]["traced_peak_bytes"]) / 2**20
+            role = "merger" if session[node]["merged"] else "learner"
+            rows.append([fragments, compression or "none", f"node-{node} ({role})",
+                         f"{plain[node]['peak_rss_bytes'] / 2**20:.0f}", f"{session[node]['peak_rss_bytes'] / 2**20:.0f}",
+                         f"{extra:.0f}", f"{extra / model_mb:.2f}×", f"{traced:.0f}", f"{traced / model_mb:.2f}×"])  # fmt: skip
+    return rows, plain, kept
+
+
+MEMORY_HEADER = ["fragments", "zstd", "node", "plain peak", "with slowlink", "extra", "extra / model",
+                 "traced extra", "traced / model"]  # fmt: skip
+
+
 def main() -> None:
     overhead = step_overhead()
     print(f"step(): median {overhead['median_us']:.1f} µs, p99 {overhead['p99_us']:.1f} µs")
     steps = 160
-    # glibc keeps freed blocks of a size it has once unmapped, so RSS also shows allocator retention; with
-    # a fixed mmap threshold every large buffer goes back to the system when freed: the working set.
-    mapped = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
-    runs = {
-        "glibc defaults": (two_nodes("plain", steps), two_nodes("session", steps)),
-        "MALLOC_MMAP_THRESHOLD_=1MiB": (
-            two_nodes("plain", steps, mapped),
-            two_nodes("session", steps, mapped),
-        ),
-    }
-    plain, session = runs["glibc defaults"]
+    rows, plain, session = memory_rows(steps)
     model_mb = plain[0]["model_bytes"] / 2**20
-    memory_rows, request_rows = [], []
-    for allocator, (plain_run, session_run) in runs.items():
-        for node in range(2):
-            extra = (session_run[node]["peak_rss_bytes"] - plain_run[node]["peak_rss_bytes"]) / 2**20
-            role = "merger" if session_run[node]["merged"] else "learner"
-            memory_rows.append([allocator, f"node-{node} ({role})", f"{plain_run[node]['peak_rss_bytes'] / 2**20:.0f}",
-                                f"{session_run[node]['peak_rss_bytes'] / 2**20:.0f}", f"{extra:.0f}",
-                                f"{extra / model_mb:.2f}×"])  # fmt: skip
+    request_rows = []
     for node in range(2):
         role = "merger" if session[node]["merged"] else "learner"
         rounds = max(1, session[node]["rounds"])
@@ -170,12 +189,14 @@ snapshot, taking Python's interpreter lock while it starts encoding.
 ### Extra host memory
 
 Two learner processes over a DirMailbox, a {plain[0]["model_bytes"] / 1e6 / 4:.1f}M-parameter MLP ({model_mb:.0f} MiB in fp32),
-AdamW, `DiLoCo(sync_every=40, fragments=8, in_flight=1)`, {steps} steps each, against the same loop
-without slowlink. Peak RSS in MiB (the plain loop already holds parameters, gradients and AdamW's two moments):
+AdamW, `DiLoCo(sync_every=40, fragments=F, in_flight=1)`, `compression=Z`, F32 deltas, {steps} steps each,
+against the same loop without slowlink, glibc's allocator with its defaults. Peak RSS in MiB (the plain
+loop already holds parameters, gradients and AdamW's two moments), and the peak of what numpy and Python
+allocated as tracemalloc counts it (torch's tensors are not in it; the plain loop's is about 0):
 
-{markdown_table(["allocator", "node", "plain peak", "with slowlink", "extra", "extra / model"], memory_rows)}
+{markdown_table(MEMORY_HEADER, rows)}
 
-Target: at most 3× the model (anchor, one in-flight delta, the merger's outer momentum).
+Target: at most 2.5× the model on the merger (its anchor and outer momentum are 2× by themselves).
 
 ### Requests per round
 
@@ -195,6 +216,9 @@ length: joining reads run.json, head.json, and one commit and one blob per fragm
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--node":
-        node_process(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
+        node_process(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6],
+                     int(sys.argv[7]), sys.argv[8] or None)  # fmt: skip
+    elif sys.argv[1:] == ["--memory"]:
+        print(markdown_table(MEMORY_HEADER, memory_rows(160)[0]))
     else:
         main()

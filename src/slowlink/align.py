@@ -8,7 +8,8 @@ from .frameworks.base import adapter_for, compare_frozen, compare_schemas, froze
 from .mailbox.contract import Mailbox
 from .mailbox.named import open_mailbox
 from .protocol import keys
-from .protocol.run import load_newest, read_run
+from .protocol.chain import load_newest
+from .protocol.run import read_run
 from .protocol.trust import ENVIRONMENT_VARIABLE, RunKey
 from .session import trusted_view
 

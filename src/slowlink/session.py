@@ -28,10 +28,11 @@ from .mailbox.contract import Mailbox
 from .mailbox.metered import Metered
 from .mailbox.named import open_mailbox
 from .protocol import keys
+from .protocol.chain import load_newest
 from .protocol.courier import Courier, NodeStatus
 from .protocol.joined import joined_event, refuse_resuming
-from .protocol.leader import refuse_if_live
-from .protocol.run import load_newest, open_run
+from .protocol.leases import refuse_if_live
+from .protocol.run import open_run
 from .protocol.trust import RunKey, Signed
 from .wire.encodings import ENCODINGS
 
@@ -71,7 +72,8 @@ class Session:
     lives. node_id: this node's name in the run ([a-z0-9_-], default host-pid). compression: None or "zstd".
     on_event: called with every Event (also logged on the "slowlink" logger). events_file: a path that
     every Event is appended to as a JSON line (docs/events.md).
-    poll_seconds: how often the communication thread looks for news. lease_seconds: how long a silent
+    poll_seconds: how soon the communication thread looks for news after some (it waits longer while
+    nothing comes, up to a quarter of the time between two syncs). lease_seconds: how long a silent
     node (or leader) is still trusted. close_timeout: how long leaving waits for rounds in flight.
     run_key: a secret shared by the run's nodes (default: SLOWLINK_RUN_KEY, else none); every record is
     then signed and checked, and contributions not signed with it are rejected (docs/robustness.md).

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from slowlink.algorithms.outer import outer_nesterov
+from slowlink.algorithms.outer import OuterState, outer_nesterov
 
 
 def arrays(*values):
@@ -85,3 +85,25 @@ def test_torch_tensors_get_the_same_float32_bits_as_numpy_arrays():
             )
             assert on_torch[name].numpy().tobytes() == anchor[name].tobytes()
             assert state_t.momentum[name].numpy().tobytes() == state.momentum[name].tobytes()
+
+
+def test_the_share_aware_outer_step_is_outer_nesterov_on_a_full_round_and_a_share_of_it_otherwise():
+    from slowlink.algorithms.outer import RoundShape, outer_nesterov, outer_nesterov_by_share
+
+    anchor, delta = {"w": np.array([1.0, 2.0], np.float32)}, {"w": np.array([0.2, -0.4], np.float32)}
+    buffer = {"w": np.array([0.1, 0.1], np.float32)}
+    plain = outer_nesterov(0.5, 0.8).update(delta, OuterState(buffer), anchor)
+    full = outer_nesterov_by_share(0.5, 0.8).update(delta, OuterState(buffer), anchor, shape=RoundShape(2, 2))
+    np.testing.assert_array_equal(full[0]["w"], plain[0]["w"])
+    # Half the live nodes, c = 0.5: b = 0.8^0.5·0.1 + 0.5·Δ = [0.1894, −0.1106];
+    # θ = anchor − 0.5·(0.5·Δ + 0.5·0.8·b) = [1 − 0.5·(0.1 + 0.0758), 2 − 0.5·(−0.2 − 0.0442)]
+    half, state = outer_nesterov_by_share(0.5, 0.8).update(
+        delta, OuterState(buffer), anchor, shape=RoundShape(1, 2)
+    )
+    np.testing.assert_allclose(state.momentum["w"], [0.18944, -0.11056], atol=1e-5)
+    np.testing.assert_allclose(half["w"], [0.91211, 2.12211], atol=1e-5)
+    # Stale: no momentum push, θ = anchor − c·Δ; the buffer still takes c·Δ.
+    stale, _ = outer_nesterov_by_share(0.5, 0.8).update(
+        delta, OuterState(buffer), anchor, shape=RoundShape(1, 2, stale=True)
+    )
+    np.testing.assert_allclose(stale["w"], [0.9, 2.2], atol=1e-6)

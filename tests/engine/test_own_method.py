@@ -61,7 +61,7 @@ class ParameterAverage:
         return {}
 
     def outer_step(
-        self, delta: Arrays, state: Arrays, anchor: Arrays, *, flush_only: bool
+        self, delta: Arrays, state: Arrays, anchor: Arrays, *, flush_only: bool, shape: object
     ) -> tuple[Arrays, Arrays]:
         # Δ_m = anchor − θ_m, so anchor − mean(Δ) is the weighted mean of the nodes' parameters.
         return {name: anchor[name] - delta[name] for name in anchor}, {}
@@ -141,7 +141,7 @@ def test_threads_over_a_memory_mailbox_end_on_the_reference():
 class HalfStep(ParameterAverage):
     """The same, but moving only half way to the mean: the engine must apply the method's outer_step."""
 
-    def outer_step(self, delta, state, anchor, *, flush_only):
+    def outer_step(self, delta, state, anchor, *, flush_only, shape):
         return {name: anchor[name] - 0.5 * delta[name] for name in anchor}, {}
 
 

@@ -19,8 +19,9 @@ from slowlink.errors import MailboxError, PayloadError, PreconditionFailed
 from slowlink.mailbox.faulty import Faulty
 from slowlink.mailbox.memory import MemoryMailbox
 from slowlink.protocol import run as run_module
+from slowlink.protocol.chain import newest_params
 from slowlink.protocol.courier import Courier, NodeStatus
-from slowlink.protocol.run import Run, newest_params, open_run, read_head
+from slowlink.protocol.run import Run, open_run, read_head
 
 FRAGMENTS = 2
 SCHEMA = [

@@ -220,13 +220,19 @@ def check_outer_step(world: World, history: History, commit: dict, named: list[d
         for c in sorted(named, key=lambda c: c["node"])  # the merger's order
     ]
     step = {name: values.astype(np.float64) for name, values in algorithm.merge.merge(deltas).items()}
-    if commit["outer_state"] is not None and not all(c["final"] for c in named):
+    # The round's shape, as the commit records it: a share c of the live nodes scales the step, and a stale
+    # round takes no momentum push and no outer learning rate (docs/decoupled.md).
+    share = min(1.0, len(named) / commit.get("live", len(named))) if algorithm.adaptive_outer else 1.0
+    stale = algorithm.adaptive_outer and commit.get("stale", False)
+    pushed = commit["outer_state"] is not None and not all(c["final"] for c in named) and not stale
+    if pushed:
         momentum = load(world.run, history, "outer", fragment, round_, commit["outer_state"])
         step = {name: values + algorithm.outer_momentum * momentum[name] for name, values in step.items()}
+    lr = 1.0 if stale else algorithm.outer_lr
     params = load(world.run, history, "params", fragment, round_, commit["params"])
     for name, values in params.items():
         assert np.isfinite(values).all(), f"commit {fragment}/{round_} holds non-finite {name}"
-        expected = parent[name] - algorithm.outer_lr * step[name]
+        expected = parent[name] - lr * share * step[name]
         message = f"commit {fragment}/{round_} is not the merge of the contributions it names"
         np.testing.assert_allclose(values, expected, rtol=1e-5, atol=1e-5, err_msg=message)
     return params

@@ -3,7 +3,7 @@ leases: the answer must come without "dictionary changed size during iteration".
 
 import threading
 
-from slowlink.protocol.leader import Liveness
+from slowlink.protocol.leases import Liveness
 
 
 def test_live_keys_can_be_read_while_another_thread_observes_and_forgets_leases():

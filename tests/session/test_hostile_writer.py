@@ -118,8 +118,10 @@ def test_junk_lease_files_are_not_live_nodes(store):
                     lease_seconds=2.0, on_event=events.append) as s:  # fmt: skip
         for i in range(63):
             store.put(keys.node(f"junk-{i}"), records.encode({"node": f"junk-{i}", "beat": i}))
-        time.sleep(1.0)  # several beats: each lease listed and read
-        s.courier.wake.set()
+        deadline = time.monotonic() + 30  # each lease listed and read, a quarter lease (0.5 s) apart
+        while sum(e.kind == "lease_ignored" for e in events) < 63 and time.monotonic() < deadline:
+            s.courier.wake.set()
+            time.sleep(0.05)
         assert s.batch_size == 64
         assert s.courier.live_nodes(fresh=True) == {"a"}
     assert sum(e.kind == "lease_ignored" for e in events) >= 63

@@ -12,6 +12,7 @@ import pytest
 
 import slowlink as sl
 from slowlink.protocol import keys, records
+from slowlink.protocol.leases import beat_seconds, refuse_if_live
 
 from .nodes import tiny_mlp
 
@@ -65,3 +66,25 @@ def test_the_leader_sweeps_leases_left_by_crashed_nodes(tmp_path):
         assert mailbox.get(keys.node("ghost")) is None
         assert mailbox.get(keys.node("a")) is not None  # its own, live lease stays
     assert any(e.kind == "leases_swept" and e.data["keys"] == [keys.node("ghost")] for e in events)
+
+
+def test_a_restart_on_the_same_machine_does_not_wait_for_the_crashed_lease_to_stand_still(tmp_path):
+    child = start_node(tmp_path / "run")
+    child.kill()
+    child.wait()
+    naps = []
+    # Its lease names this machine and a process that is gone: no need to watch it for a beat and a half.
+    refuse_if_live(sl.DirMailbox(tmp_path / "run"), "a", 60.0, sleep=naps.append)
+    assert naps == []
+    # A lease written elsewhere (another host) is watched: it stays still, so this node may take the id.
+    mailbox, now = sl.MemoryMailbox(), [0.0]
+    lease = {"node": "b", "beat": 3, "step": 0, "samples": 0, "step_seconds": 0.0, "life": "x", "host": "elsewhere",
+             "pid": os.getpid()}  # fmt: skip
+    mailbox.put(keys.node("b"), records.encode(lease))
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        now[0] += seconds
+
+    refuse_if_live(mailbox, "b", 60.0, clock=lambda: now[0], sleep=nap)
+    assert sum(naps) >= 1.5 * beat_seconds(60.0)

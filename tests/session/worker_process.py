@@ -13,7 +13,7 @@ import torch
 import slowlink as sl
 from slowlink.demo.corpus import TrainWindows, load_corpus
 from slowlink.demo.model import build_model, make_optimizer, train_step
-from slowlink.protocol.run import newest_params
+from slowlink.protocol.chain import newest_params
 
 PEAK_LR = 3e-3  # a small batch and a high learning rate: a regime where averaging replicas clearly pays
 

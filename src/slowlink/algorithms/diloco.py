@@ -14,7 +14,7 @@ from ..errors import ConfigError
 from ..frameworks.base import adapter_for
 from .merge import MergeRule, WeightedMean
 from .method import Rounds, WireOptions
-from .outer import OuterOptimizer, OuterState, outer_nesterov
+from .outer import FULL_ROUND, OuterOptimizer, OuterState, RoundShape, outer_nesterov, outer_nesterov_by_share
 from .partition import BalancedBytes, Schema, Strided
 from .schedule import fragment_offsets
 
@@ -35,6 +35,9 @@ class DiLoCo:
         (Streaming DiLoCo; 0 replaces the steps trained meanwhile). None (default) carries those steps
         onto the commit instead, θ ← θ + (Θ − θ_snapshot), so no step is lost when a round is slow.
     outer_lr (η), outer_momentum (μ), nesterov: the outer optimizer.
+    adaptive_outer: a round that merged a share c of the live nodes moves the model by c of a full
+        round, and a stale round (no barrier, contributions spanning more than one sync) by c·Δ without
+        the momentum push (docs/decoupled.md); barrier rounds with every node are plain outer Nesterov.
     merge: how a round's contributions combine; quorum_size: contributions a round waits for.
     max_norm_ratio: reject a contribution whose Δ's L2 norm exceeds this many times the median of the
         round's other contributions' norms (with 3 or more contributions); None accepts any norm.
@@ -58,6 +61,7 @@ class DiLoCo:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     nesterov: bool = True
+    adaptive_outer: bool = True
     merge: MergeRule = field(default_factory=WeightedMean)
     quorum_size: int = 1
     max_norm_ratio: float | None = 10.0
@@ -145,7 +149,8 @@ class DiLoCo:
         return fragment_offsets(self.sync_every, fragment_count)
 
     def outer_optimizer(self) -> OuterOptimizer:
-        return outer_nesterov(self.outer_lr, self.outer_momentum, nesterov=self.nesterov)
+        build = outer_nesterov_by_share if self.adaptive_outer else outer_nesterov
+        return build(self.outer_lr, self.outer_momentum, nesterov=self.nesterov)
 
     # ---- the engine's members (algorithms/method.py) ------------------------------------------------
 
@@ -177,13 +182,20 @@ class DiLoCo:
         return {name: zeros_like(values) for name, values in anchor.items()}
 
     def outer_step(
-        self, delta: Arrays, state: Arrays, anchor: Arrays, *, flush_only: bool
+        self,
+        delta: Arrays,
+        state: Arrays,
+        anchor: Arrays,
+        *,
+        flush_only: bool,
+        shape: RoundShape = FULL_ROUND,
     ) -> tuple[Arrays, Arrays]:
         """Outer Nesterov on the merged Δ; a round of final contributions only applies Δ once, momentum
-        untouched."""
+        untouched. `shape` is the round's share of the live nodes, and whether it was stale."""
         use_momentum = self.outer_momentum > 0 and not flush_only
+        extra = {"shape": shape} if self.adaptive_outer else {}
         params, after = self.outer_optimizer().update(
-            delta, OuterState(state), anchor, use_momentum=use_momentum
+            delta, OuterState(state), anchor, use_momentum=use_momentum, **extra
         )
         return params, after.momentum
 
@@ -200,6 +212,7 @@ class DiLoCo:
             "outer_lr": self.outer_lr,
             "outer_momentum": self.outer_momentum,
             "nesterov": self.nesterov,
+            "adaptive_outer": self.adaptive_outer,
             "merge": self.merge.to_dict(),
             "quorum_size": self.quorum_size,
             "max_norm_ratio": self.max_norm_ratio,

@@ -12,6 +12,7 @@ from functools import cached_property
 from typing import Protocol, runtime_checkable
 
 from ..arrays import Arrays
+from .outer import RoundShape
 from .partition import Schema
 
 
@@ -68,7 +69,7 @@ class Method(Protocol):
     weight: a contribution's merge weight from the samples and steps it claims (bounded by the channel);
     combine: a round's (Δ, weight) pairs into one Δ, read one at a time (ValueError if none);
     outer_step: (new parameters, new state) from the combined Δ; flush_only when every contribution was
-    a leaving node's last."""
+    a leaving node's last; shape: how many of the live nodes the round merged, and whether it was stale."""
 
     def to_dict(self) -> dict: ...
 
@@ -85,5 +86,5 @@ class Method(Protocol):
     def init_state(self, anchor: Arrays) -> Arrays: ...
 
     def outer_step(
-        self, delta: Arrays, state: Arrays, anchor: Arrays, *, flush_only: bool
+        self, delta: Arrays, state: Arrays, anchor: Arrays, *, flush_only: bool, shape: RoundShape
     ) -> tuple[Arrays, Arrays]: ...

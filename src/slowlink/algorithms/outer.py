@@ -47,3 +47,54 @@ def outer_nesterov(lr: float, momentum: float, *, nesterov: bool = True) -> Oute
         return {name: anchor[name] - eta * directions[name] for name in delta}, OuterState(buffers)
 
     return OuterOptimizer(init, update)
+
+
+class RoundShape(NamedTuple):
+    """What a merger knows of the round it commits: how many nodes it merged of the live ones, the mean
+    steps its contributions span, and whether any of those steps were trained on a stale anchor (no
+    barrier, and the round spans more than one sync: the steps trained while the last round was in
+    flight, before its outer step was seen)."""
+
+    contributors: int
+    live: int
+    stale: bool = False
+
+    @property
+    def share(self) -> float:
+        """c: the share of the live nodes this round merged, in (0, 1]."""
+        return min(1.0, self.contributors / max(1, self.live))
+
+
+FULL_ROUND = RoundShape(contributors=1, live=1)
+
+
+def outer_nesterov_by_share(lr: float, momentum: float, *, nesterov: bool = True) -> OuterOptimizer:
+    """Outer Nesterov for rounds that merge a share c of the live nodes (docs/decoupled.md):
+        b ← μ^c·b + c·Δ ;  θ ← θ_anchor − η·(c·Δ + c·μ·b)
+    so 1/c rounds of share c move the model as one full round would; on a stale round the momentum push
+    is left out, θ ← θ_anchor − c·Δ: its steps already ran on without the last push. A full round that is
+    not stale (c = 1, every barrier round) is outer_nesterov exactly."""
+    plain = outer_nesterov(lr, momentum, nesterov=nesterov)
+    mu, eta = float(momentum), float(lr)
+
+    def update(
+        delta: Arrays, state: OuterState, anchor: Arrays, *, use_momentum: bool = True,
+        shape: RoundShape = FULL_ROUND,
+    ) -> tuple[Arrays, OuterState]:  # fmt: skip
+        if shape.share == 1.0 and not shape.stale:
+            return plain.update(delta, state, anchor, use_momentum=use_momentum)
+        c = float(shape.share)
+        if not use_momentum:
+            return {name: anchor[name] - eta * c * step for name, step in delta.items()}, state
+        decay = mu**c
+        buffers = {name: decay * state.momentum[name] + c * step for name, step in delta.items()}
+        if shape.stale:  # averaging by share: no push from a buffer these steps never saw
+            return {name: anchor[name] - c * step for name, step in delta.items()}, OuterState(buffers)
+        directions = (
+            {name: c * step + c * mu * buffers[name] for name, step in delta.items()}
+            if nesterov
+            else {name: c * buffers[name] for name in delta}
+        )
+        return {name: anchor[name] - eta * directions[name] for name in delta}, OuterState(buffers)
+
+    return OuterOptimizer(plain.init, update)

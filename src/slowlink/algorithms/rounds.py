@@ -11,6 +11,7 @@ import statistics
 from typing import NamedTuple
 
 from .method import Rounds
+from .outer import RoundShape
 from .schedule import due_fragments
 
 
@@ -235,6 +236,17 @@ def grace_seconds(rounds: Rounds, step_seconds: list[float]) -> float:
         return rounds.grace_seconds
     spacing = max(1, rounds.sync_every // rounds.fragments)
     return min(30.0, 0.5 * spacing * statistics.median(step_seconds))
+
+
+def round_shape(
+    rounds: Rounds, fragment: int, round_: int, *, contributors: int, live: int, steps: list[int]
+) -> RoundShape:
+    """The shape of a round the merger commits. Without a barrier, a round whose contributions span more
+    steps than its sync on average (H, and the fragment's offset more for its first round) holds steps
+    trained before the previous commit was seen: it is stale."""
+    expected = rounds.sync_every + (rounds.offsets[fragment] if round_ == 1 else 0)
+    stale = rounds.overlap_steps is None and bool(steps) and sum(steps) > expected * len(steps)
+    return RoundShape(contributors=contributors, live=max(live, contributors), stale=stale)
 
 
 def closes(*, every_live_node_reported: bool, quorum_since: float | None, now: float, grace: float) -> bool:

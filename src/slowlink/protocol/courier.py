@@ -9,7 +9,6 @@ every couple of seconds only where they are needed. It talks to the training thr
 only: contributions in, alignments (new commits, and whether they hold this node's contribution) out.
 """
 
-import os
 import queue
 import threading
 from collections.abc import Callable
@@ -27,10 +26,12 @@ from ..wire import payload
 from ..wire.compress import compress
 from ..wire.fragment import HostBuffer, encode_fragment
 from . import keys, records
-from .leader import Leadership, Liveness, writer
-from .leader import beat_seconds as beat_interval
+from .chain import apply_change, params_at
+from .leader import Leadership
+from .leases import Leases
+from .leases import beat_seconds as beat_interval
 from .merger import Merger
-from .run import Run, advance_head, apply_change, params_at, probe_newest, read_commit, read_head
+from .run import Run, advance_head, probe_newest, read_commit, read_head
 
 BACKOFF = 1.25  # each turn without news waits this much longer: news is seen late by at most a quarter
 WATCH_SECONDS = 2.0  # how stale the leases may be for closing a round early, or leader.json for one waiting
@@ -80,14 +81,14 @@ class Courier:
         self.observe_seconds = max(self.beat_seconds, lease_seconds / 4)
         self._syncs_every = method.rounds(len(run.plan)).sync_every / len(run.plan)  # steps between syncs
         self._quiet_turns, self._news = 0, False
-        self._observed_at = self._leader_checked_at = self._started_at = self._head_read_at = float("-inf")
+        self._leader_checked_at = self._started_at = self._head_read_at = float("-inf")
         self._leases_wanted = threading.Event()
         self.outbox: queue.Queue[Contribution] = queue.Queue()
         self.inbox: queue.Queue[Arrival] = queue.Queue()
         self.wake = threading.Event()
         self.failure: BaseException | None = None
         self.leadership = Leadership(mailbox, node_id, lease_seconds, clock.now)
-        self.liveness = Liveness(lease_seconds, clock.now)
+        self.leases = Leases(mailbox, node_id, lease_seconds, clock.now, emit)
         self.merger = Merger(mailbox, run, method, node_id, emit, clock.now)
         # fragment -> (round, payload sha) of this node's contribution awaiting its commit: the sha tells this
         # contribution from one of an earlier life of the node under the same id.
@@ -95,10 +96,6 @@ class Courier:
         self._unsent: Contribution | None = None  # an upload that failed, tried again on the next turn
         self.head = [version for version, _ in (latest[q] for q in range(len(run.plan)))]
         self._head_etag: str | None = None
-        self._beat = 0
-        self.life = os.urandom(8).hex()  # tells this life's beats from an earlier one's under the same id
-        self._last_beat = float("-inf")
-        self.leases_read = 0  # full reads of nodes/ so far: what session.batch_size waits on after joining
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"slowlink-{node_id}", daemon=True)
 
@@ -130,7 +127,7 @@ class Courier:
             interrupted = error
         leaving = [self.leadership.release, lambda: self.mailbox.delete([keys.node(self.node_id)])]
         if self.leadership.is_leader and interrupted is None:  # first, a commit head.json does not name yet
-            leaving[:0] = [self._recover_head, lambda: self.merger.tidy(final=True)]
+            leaving[:0] = [self._recover_head, lambda: self.merger.housekeeping.tidy(self.head)]
         for part in leaving:  # each its own chance: nobody should wait a lease for a node that left
             try:
                 part()
@@ -169,12 +166,15 @@ class Courier:
         after this node started, when the nodes started with it may not have written theirs yet (reading
         them now otherwise). A node that joins later has no contribution to wait for before its first H steps."""
         if fresh and (
-            self.clock.now() - self._observed_at >= self.watch_seconds
-            or self._observed_at - self._started_at < self.watch_seconds
+            self.clock.now() - self.leases.observed_at >= self.watch_seconds
+            or self.leases.observed_at - self._started_at < self.watch_seconds
         ):
             self._observe_leases()
-        live = {key.removeprefix(keys.NODES).removesuffix(".json") for key in self.liveness.live_keys()}
-        return live | {self.node_id}
+        return self.leases.live()
+
+    @property
+    def leases_read(self) -> int:
+        return self.leases.reads
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
@@ -206,9 +206,9 @@ class Courier:
         if not self.leadership.is_leader or now - self._head_read_at >= self.beat_seconds:
             self._head_read_at = now
             self._poll_head()
-        if now - self._last_beat >= self.beat_seconds:
+        if now - self.leases.beaten_at >= self.beat_seconds:
             self._beat_lease()
-        if self._leases_wanted.is_set() or now - self._observed_at >= self.observe_seconds:
+        if self._leases_wanted.is_set() or now - self.leases.observed_at >= self.observe_seconds:
             self._leases_wanted.clear()
             self._observe_leases()  # the merger also reads them when a round could close (live_nodes)
         # A follower reads leader.json once a beat, or every watch_seconds while it awaits a commit: a
@@ -271,6 +271,8 @@ class Courier:
         self._news = True
         self.mailbox.put(keys.contribution_payload(item.fragment, round_, self.node_id, sha), data)
         self.mailbox.put(keys.contribution(item.fragment, round_, self.node_id), records.encode(record))
+        if self.leadership.is_leader:  # it merges this round itself: no need to read back what it wrote
+            self.merger.remember_own(record, data)
         self.emit(Event("contribution_sent", self.node_id,
                         f"fragment {item.fragment} round {round_}: {item.steps} steps, {len(data)} bytes",
                         {"fragment": item.fragment, "round": round_, "step": item.step, "steps": item.steps,
@@ -359,61 +361,12 @@ class Courier:
 
     def _beat_lease(self) -> None:
         status = self.status()
-        self._beat += 1
-        lease = {
-            "node": self.node_id,
-            "beat": self._beat,
-            "step": status.step,
-            "samples": status.samples,
-            "step_seconds": status.step_seconds,
-            "versions": [version for version, _ in (self.latest[q] for q in range(self.fragments))],
-            "leader": self.leadership.is_leader,
-            "life": self.life,
-            **writer(),
-        }
-        self.mailbox.put(keys.node(self.node_id), records.encode(lease))
-        self._last_beat = self.clock.now()
+        self.leases.beat({"step": status.step, "samples": status.samples, "step_seconds": status.step_seconds,
+                          "versions": [self.latest[q][0] for q in range(self.fragments)],
+                          "leader": self.leadership.is_leader})  # fmt: skip
 
     def _observe_leases(self) -> None:
-        """List nodes/, then read the leases whose content changed: a node is live while its beat rises.
-        Keys slowlink does not write, and leases that fail their checks, count for nothing."""
-        present = {}
-        for item in self.mailbox.list(keys.NODES):
-            node = keys.parse_node(item.key)
-            if node is None or node == self.node_id:
-                continue
-            present[item.key] = item.etag
-            if self.liveness.due(item.key, item.etag):
-                try:
-                    beat = self._read_lease(item.key, node)
-                except MailboxError:
-                    continue  # read again on the next look
-                self.liveness.observe(item.key, item.etag, beat)
-        self.liveness.forget_absent(present)
-        self._observed_at = self.clock.now()
-        self.leases_read += 1
-        if self.leadership.is_leader and (gone := self.liveness.gone_for(2 * self.lease_seconds)):
-            self.mailbox.delete(gone)
-            self.liveness.forget_absent(set(present) - set(gone))
-            self.emit(Event("leases_swept", self.node_id, f"deleted {len(gone)} lease(s) silent for two leases: "
-                            f"{', '.join(gone[:5])}", {"keys": gone}))  # fmt: skip
-
-    def _read_lease(self, key: str, node: str) -> tuple[str, int] | None:
-        try:
-            found = self.mailbox.get(key, max_bytes=records.READ_LIMIT)
-            if found is None or found.data is None:
-                return None
-            record = records.decode(found.data, records.LEASE_FIELDS, what=key)
-            if record["node"] != node:
-                raise PayloadError(f"{key} names node {record['node']!r}")
-            life = record.get("life", "")
-            if not isinstance(life, str):
-                raise PayloadError(f"{key} field 'life' is not a string")
-            return life, record["beat"]
-        except PayloadError as error:
-            self.emit(Event("lease_ignored", self.node_id, f"{key} counts for no live node: {error}",
-                            {"key": key, "reason": str(error)}))  # fmt: skip
-            return None
+        self.leases.observe(sweep=self.leadership.is_leader)
 
     def _recover_head(self) -> None:
         """A new leader finishes what a crashed one left: commits written but not yet in head.json."""

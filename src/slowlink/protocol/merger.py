@@ -4,8 +4,7 @@ can never commit a round twice: the loser adopts the winner's record.
 
 A round closes when every live node has contributed, or when `quorum_size` contributions are in and the
 grace window since the quorum has passed. Contributions are streamed into the merge one at a time. What a
-commit leaves to tidy (summary.json, merged rounds' folders, blobs no kept commit needs) is done every
-TIDY_SECONDS in one request or two, not per commit.
+commit leaves to tidy is done every few seconds (housekeeping.py).
 """
 
 import math
@@ -20,28 +19,19 @@ from ..algorithms import rounds as rounds_
 from ..algorithms.method import Method
 from ..algorithms.robust import bounded_claims, l2_norm, norm_outliers
 from ..arrays import Arrays
-from ..errors import MailboxError, PayloadError
+from ..errors import PayloadError
 from ..events import Event
 from ..mailbox.contract import Mailbox
 from ..wire import payload
 from . import keys, records
-from .commits import CommitWriter, chain_garbage
-from .run import (
-    KEEP_COMMITS,
-    MAX_CHAIN,
-    Run,
-    Written,
-    advance_head,
-    get_blob,
-    newest_snapshot,
-    read_commit,
-)
-from .summary import Landed, record_commits
+from .chain import newest_snapshot
+from .commits import CommitWriter
+from .housekeeping import Housekeeping
+from .run import Run, Written, advance_head, get_blob, read_commit
 
 HISTORY = 16  # recent norms per fragment and samples per step per node kept for judging later rounds
 MAX_CLAIM_RATIO = 4.0  # how far a node's reported samples per step may exceed the others' (bounded_claims)
 STEP_CAP_ROUNDS = 16  # a Δ counts as spanning at most this many rounds of steps, carried ones included
-TIDY_SECONDS = 10.0  # how often the merger folds its commits into summary.json and deletes what they left
 
 
 @dataclass
@@ -83,11 +73,10 @@ class Merger:
         self.writer = CommitWriter(mailbox, run, self.wire, node_id, emit)
         self._step_cap = STEP_CAP_ROUNDS * self.rounds.sync_every
         self.head_written: Written | None = None  # head.json as this node last wrote it
-        self.records: dict[tuple[int, int], dict] = {}  # (fragment, round) -> commit record, recent ones
-        self.landed: list[Landed] = []  # commits written and not yet in summary.json
-        self.garbage: set[str] = set()  # keys to delete on the next tidy
-        self.payload_bytes: dict[tuple[int, int, str], int] = {}  # (fragment, round, node) -> payload size
-        self._tidied_at = clock()
+        self.housekeeping = Housekeeping(mailbox, len(run.plan), node_id, emit, clock)
+        self.own: dict[
+            tuple[int, int], tuple[dict, bytes]
+        ] = {}  # (fragment, round) -> this node's record, payload
 
     def step(
         self,
@@ -103,13 +92,12 @@ class Merger:
         """
         self.head = head
         records_by_round: dict[tuple[int, int], list[str]] = {}
-        for listing in self.mailbox.list(keys.ROUNDS):
-            parsed = keys.parse_contribution(listing.key)
+        listing = self.mailbox.list(keys.ROUNDS)
+        self.housekeeping.merged_rounds(listing, head)
+        for item in listing:
+            parsed = keys.parse_contribution(item.key)
             if parsed is not None:
-                records_by_round.setdefault(parsed[:2], []).append(listing.key)
-            folder = keys.round_of(listing.key)
-            if folder is not None and folder[0] < len(head) and folder[1] < head[folder[0]]:
-                self.garbage.add(listing.key)  # a round before the newest commit: merged, or too late
+                records_by_round.setdefault(parsed[:2], []).append(item.key)
         committed = []
         for fragment, (version, anchor) in sorted(versions.items()):
             current = self.open.get(fragment)
@@ -120,32 +108,14 @@ class Merger:
             )
             if (
                 self._ready(current, live_nodes)
-                and (done := self._commit(fragment, current, anchor)) is not None
+                and (done := self._commit(fragment, current, anchor, live_nodes(False))) is not None
             ):
                 committed.append(done)
         return committed
 
-    def tidy(self, *, final: bool = False) -> None:
-        """Every TIDY_SECONDS (and when the node leaves, `final`): fold the commits written since into
-        summary.json and delete the garbage they left. A store failure keeps them for the next time."""
-        if not final and self.clock() - self._tidied_at < TIDY_SECONDS:
-            return
-        self._tidied_at = self.clock()
-        if final:  # the rounds merged since the last listing
-            for listing in self.mailbox.list(keys.ROUNDS):
-                folder = keys.round_of(listing.key)
-                if folder is not None and folder[0] < len(self.head) and folder[1] < self.head[folder[0]]:
-                    self.garbage.add(listing.key)
-        if self.landed:
-            try:
-                record_commits(self.mailbox, len(self.run.plan), self.landed)
-                self.landed = []
-            except (MailboxError, PayloadError) as error:
-                self.emit(Event("mailbox_error", self.node_id, f"summary.json not updated with "
-                                f"{len(self.landed)} commit(s): {error}", {"error": type(error).__name__}))  # fmt: skip
-        if self.garbage:
-            self.mailbox.delete(sorted(self.garbage))
-            self.garbage.clear()
+    def remember_own(self, record: dict, data: bytes) -> None:
+        """This node's contribution, as it wrote it to the store: the merge reads it from here."""
+        self.own[(record["fragment"], record["round"])] = (record, data)
 
     def _read_new_contributions(self, fragment: int, current: OpenRound, record_keys: list[str]) -> None:
         for key in record_keys:
@@ -153,11 +123,14 @@ class Merger:
             if node in current.accepted or node in current.rejected:
                 continue
             try:
-                # With a run key, an unsigned or forged record fails here.
-                found = self.mailbox.get(key, max_bytes=records.READ_LIMIT)
-                if found is None or found.data is None:
-                    continue
-                record = records.decode(found.data, records.CONTRIBUTION_FIELDS, what=key)
+                own = self.own.get((fragment, current.round)) if node == self.node_id else None
+                if own is not None:
+                    record = own[0]
+                else:  # with a run key, an unsigned or forged record fails here
+                    found = self.mailbox.get(key, max_bytes=records.READ_LIMIT)
+                    if found is None or found.data is None:
+                        continue
+                    record = records.decode(found.data, records.CONTRIBUTION_FIELDS, what=key)
                 self._judge(record, node, fragment, current.round)
             except PayloadError as error:
                 self._reject(current, node, str(error))
@@ -226,11 +199,15 @@ class Merger:
 
     def _load_contribution(self, fragment: int, round_: int, node: str, sha: str) -> Arrays:
         limit = self.run.max_payload_bytes(fragment)
-        found = self.mailbox.get(keys.contribution_payload(fragment, round_, node, sha), max_bytes=limit)
-        if found is None or found.data is None:
-            raise PayloadError("its payload is missing from the mailbox")
-        data = found.data
-        self.payload_bytes[(fragment, round_, node)] = len(data)
+        own = self.own.get((fragment, round_)) if node == self.node_id else None
+        if own is not None and own[0]["blob"] == sha:
+            data = own[1]
+        else:
+            found = self.mailbox.get(keys.contribution_payload(fragment, round_, node, sha), max_bytes=limit)
+            if found is None or found.data is None:
+                raise PayloadError("its payload is missing from the mailbox")
+            data = found.data
+        self.housekeeping.payload_bytes[(fragment, round_, node)] = len(data)
         delta, _ = payload.unpack(
             data,
             expected_digest=sha,
@@ -313,7 +290,7 @@ class Merger:
                 per_step = self.recent_per_step.setdefault(entry["node"], deque(maxlen=HISTORY))
                 per_step.append(entry["samples"] / entry["steps"])
 
-    def _commit(self, fragment: int, current: OpenRound, anchor: Arrays) -> Committed | None:
+    def _commit(self, fragment: int, current: OpenRound, anchor: Arrays, live: set[str]) -> Committed | None:
         version = current.round - 1
         state = self._outer_state(fragment, version, anchor)
         weights = self._weights(current)
@@ -325,7 +302,9 @@ class Merger:
                 return None  # every payload failed its checks; the round stays open for others
             accepted = dict(current.accepted)  # what the merge consumed, less the payloads it rejected
             flush_only = all(record["final"] for record in accepted.values())
-            params, state = self.method.outer_step(delta, state, anchor, flush_only=flush_only)
+            shape = rounds_.round_shape(self.rounds, fragment, current.round, contributors=len(accepted), live=len(live | set(accepted)),
+                                        steps=[current.steps[node] for node in accepted])  # fmt: skip
+            params, state = self.method.outer_step(delta, state, anchor, flush_only=flush_only, shape=shape)
         del delta  # one fragment less held while the commit is written
         if not _finite(params) or not _finite(state):
             # Each payload was finite, but together they overflow: leave out the largest, try again next turn.
@@ -334,7 +313,7 @@ class Merger:
             return None
         fields = {"contributors": _contributors(accepted, weights, current.norms),
                   "rejected": [{"node": node, "reason": why} for node, why in sorted(current.rejected.items())],
-                  "merger": self.node_id, "flush_only": flush_only}  # fmt: skip
+                  "merger": self.node_id, "flush_only": flush_only, "live": shape.live, "stale": shape.stale}  # fmt: skip
         written = self.writer.write(fragment, current.round, params, anchor, state, fields, self.head)
         if written is None:
             return None  # that commit is the round's; this node fetches it like any other
@@ -349,32 +328,11 @@ class Merger:
                         + (f", {len(current.rejected)} rejected" if current.rejected else ""),
                         {"fragment": fragment, "round": current.round, "contributors": sorted(accepted),
                          "rejected": dict(current.rejected)}))  # fmt: skip
-        self._leave_to_tidy(fragment, current.round, record, blob_bytes)
+        self.housekeeping.committed(fragment, current.round, record, blob_bytes)
         del self.open[fragment]
+        for key in [key for key in self.own if key[0] == fragment and key[1] <= current.round]:
+            del self.own[key]
         return Committed(fragment, current.round, params, record)
-
-    def _leave_to_tidy(self, fragment: int, round_: int, record: dict, blob_bytes: int) -> None:
-        measured = {
-            key[2]: self.payload_bytes.pop(key)
-            for key in list(self.payload_bytes)
-            if key[:2] == (fragment, round_)
-        }
-        sizes = {c["node"]: measured[c["node"]] for c in record["contributors"] if c["node"] in measured}
-        self.landed.append(Landed(record, self.mailbox.clock(), sizes, blob_bytes))
-        self.records[(fragment, round_)] = record
-        self.garbage.update(chain_garbage(fragment, round_, lambda old: self._record(fragment, old)))
-        for key in [
-            key for key in self.records if key[0] == fragment and key[1] < round_ - KEEP_COMMITS - MAX_CHAIN
-        ]:
-            del self.records[key]
-        self.tidy()
-
-    def _record(self, fragment: int, round_: int) -> dict | None:
-        """A commit record of this fragment: from memory if this node wrote or read it, else from the store."""
-        record = self.records.get((fragment, round_))
-        if record is None and (record := read_commit(self.mailbox, fragment, round_)) is not None:
-            self.records[(fragment, round_)] = record
-        return record
 
 
 def _contributors(

@@ -239,6 +239,10 @@ COMMIT_FIELDS = {
     "rejected": ListOf(REJECTION),
     "merger": NODE,
     "flush_only": Omittable(bool),
+    "live": Omittable(
+        COUNT
+    ),  # the nodes live as the round closed: the outer step took share contributors/live
+    "stale": Omittable(bool),  # its steps ran on a stale anchor: the step took no momentum push
 }
 
 

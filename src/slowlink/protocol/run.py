@@ -1,11 +1,11 @@
-"""Creating and joining a run, the head hint, and reading commits: a constant number of requests each.
+"""Creating and joining a run, head.json, and reading commit records: a constant number of requests each.
 
 The first node writes its initial parameters as blobs, then run.json create-once; a racer that loses
 adopts the winner's run. A joiner compares its configuration and schema with run.json and refuses on
-any difference, then reads head.json and the newest commit of each fragment, whatever the run's length.
+any difference, then reads head.json and the newest commit of each fragment (chain.py rebuilds its
+parameters), whatever the run's length.
 """
 
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -258,32 +258,6 @@ def read_commit(mailbox: Mailbox, fragment: int, round_: int) -> dict | None:
     return record
 
 
-def load_params(mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: str) -> Arrays:
-    return _load_fragment(mailbox, run, fragment, round_, sha, "params")
-
-
-def load_change(mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: str) -> Arrays:
-    """A commit's change Θ_round − Θ_(round−1), in the run's commit_dtype once decoded."""
-    return _load_fragment(mailbox, run, fragment, round_, sha, "change")
-
-
-def _load_fragment(mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: str, kind: str) -> Arrays:
-    data = get_blob(mailbox, sha, run.max_payload_bytes(fragment))
-    arrays, _ = payload.unpack(
-        data,
-        expected_digest=sha,
-        expect=run.expect(kind=kind, fragment=fragment, round=round_),
-        max_bytes=run.max_payload_bytes(fragment),
-        expect_shapes=run.shapes(fragment),
-    )
-    names = set(run.plan[fragment])
-    if set(arrays) != names:
-        raise PayloadError(
-            f"{kind} of fragment {fragment} round {round_} hold {sorted(arrays)} not {sorted(names)}"
-        )
-    return arrays
-
-
 def probe_newest(mailbox: Mailbox, fragment: int, version: int) -> int:
     """`version`, or a newer commit found by probing the keys after it: a merger may have died between
     writing a commit and naming it in head.json. A junk or unverifiable record at a key counts as absent."""
@@ -312,101 +286,3 @@ def _commit_readable(mailbox: Mailbox, fragment: int, round_: int) -> bool:
         except PayloadError:
             continue
     return False
-
-
-def newest_params(mailbox: Mailbox, run: Run, fragment: int, version: int) -> tuple[int, Arrays]:
-    """The parameters of `fragment` at `version` (0 is the run's initial model), and the version. If that
-    commit cannot be rebuilt (its blobs collected meanwhile, or deleted), the newest older commit still kept
-    stands in: the node then trains from it and catches up with the next commit it fetches."""
-    reasons = []
-    for candidate in range(version, max(-1, version - KEEP_COMMITS - 1), -1):
-        try:
-            return candidate, params_at(mailbox, run, fragment, candidate)
-        except PayloadError as error:
-            reasons.append(f"round {candidate}: {error}")
-    raise PayloadError(
-        f"no parameters of fragment {fragment} can be loaded from its newest commits ({'; '.join(reasons)}). "
-        "Wait for the run's next commit and join again, or restore the missing blobs from a copy of the store"
-    )
-
-
-def params_at(mailbox: Mailbox, run: Run, fragment: int, version: int, record: dict | None = None) -> Arrays:
-    """The parameters of commit `version`: the newest snapshot at or before it, plus the changes since, each
-    step checked against the digest its commit names. At most MAX_CHAIN commits are read; `record`, the
-    commit's record when the caller has just read it, is not read again."""
-    chain = commit_chain(mailbox, fragment, version, record)
-    first, record = chain[0]
-    sha = run.initial[fragment] if record is None else record["params"]
-    params = load_params(mailbox, run, fragment, first, sha)
-    for round_, record in chain[1:]:
-        params = apply_change(mailbox, run, fragment, round_, params, record)
-    return params
-
-
-def apply_change(
-    mailbox: Mailbox, run: Run, fragment: int, round_: int, held: Arrays, record: dict
-) -> Arrays:
-    """Commit `round_`'s parameters as `held` (the previous commit's) plus its encoded change; PayloadError if
-    the change cannot be had or the sum is not exactly the parameters the commit names."""
-    if record["change"] is None:
-        raise PayloadError(f"{keys.commit(fragment, round_)} carries no change to apply")
-    change = load_change(mailbox, run, fragment, round_, record["change"])
-    params = {name: held[name] + change[name] for name in held}
-    if (
-        payload.digest_of(params, run.expect(kind="params", fragment=fragment, round=round_))
-        != record["params"]
-    ):
-        raise PayloadError("the held parameters plus the change differ from the commit's parameters")
-    return params
-
-
-def commit_chain(
-    mailbox: Mailbox, fragment: int, version: int, newest: dict | None = None
-) -> list[tuple[int, dict | None]]:
-    """(round, record) from the newest snapshot at or before `version` up to `version`, oldest first; a chain
-    that reaches back to the initial model starts with (0, None). newest: the record of `version`, if read."""
-    chain: list[tuple[int, dict | None]] = []
-    round_ = version
-    while round_ > 0:
-        record = (
-            newest if round_ == version and newest is not None else read_commit(mailbox, fragment, round_)
-        )
-        if record is None:
-            raise PayloadError(f"{keys.commit(fragment, round_)} is missing")
-        chain.append((round_, record))
-        if record.get("snapshot", True):
-            return chain[::-1]
-        if len(chain) > MAX_CHAIN:
-            raise PayloadError(
-                f"fragment {fragment} has no snapshot in the {MAX_CHAIN} commits before {version}"
-            )
-        round_ -= 1
-    return [(0, None), *chain[::-1]]
-
-
-def newest_snapshot(mailbox: Mailbox, fragment: int, version: int) -> tuple[int, dict | None]:
-    """The newest snapshot commit at or before `version`, as (round, record); (0, None) for the initial model."""
-    return commit_chain(mailbox, fragment, version)[0]
-
-
-def load_newest(
-    mailbox: Mailbox, run: Run, sleep: Callable[[float], None] = time.sleep
-) -> dict[int, tuple[int, Arrays]]:
-    """The newest commit of every fragment that can be loaded: head.json, then per fragment a probe for
-    commits after the one it names, that commit and its blob. A constant number of requests."""
-    for attempt in range(JOIN_ATTEMPTS):
-        try:
-            versions, _ = read_head(mailbox, len(run.plan))
-        except PayloadError:  # forged, or another run's: found by searching the commits instead
-            versions = [search_newest(mailbox, q) for q in range(len(run.plan))]
-        assert versions is not None
-        try:
-            return {
-                q: newest_params(mailbox, run, q, probe_newest(mailbox, q, version))
-                for q, version in enumerate(versions)
-            }
-        except PayloadError:
-            if attempt == JOIN_ATTEMPTS - 1:
-                raise
-            sleep(0.1 * (attempt + 1))  # the commits we read were collected meanwhile: read head again
-    raise AssertionError("unreachable")

@@ -154,8 +154,17 @@ class Hub:
         anchor = self.params[fragment]
         weights = [self.method.weight(c.samples, c.steps) for c in merged]
         delta = self.method.combine((c.delta, w) for c, w in zip(merged, weights, strict=True))
+        live = sum(left > time for left in self.live_until)
+        shape = rounds_.round_shape(
+            self.rounds,
+            fragment,
+            round_,
+            contributors=len(merged),
+            live=live,
+            steps=[c.steps for c in merged],
+        )
         params, self.states[fragment] = self.method.outer_step(
-            delta, self.states[fragment], anchor, flush_only=all(c.final for c in merged)
+            delta, self.states[fragment], anchor, flush_only=all(c.final for c in merged), shape=shape
         )
         params, nbytes = self._encode_commit(fragment, params, anchor)
         self.params[fragment], self.versions[fragment] = params, round_

@@ -181,33 +181,17 @@ def _decode_bf16(entries: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.n
 
 
 def quantize_blocks(
-    blocks: np.ndarray, fmt: Minifloat, name: str, codes: np.ndarray | None = None
-) -> Iterator[tuple[slice | np.ndarray, np.ndarray, np.ndarray]]:
+    blocks: np.ndarray, fmt: Minifloat, name: str
+) -> Iterator[tuple[slice, np.ndarray, np.ndarray]]:
     """Yield (rows, codes, k) for chunks of `blocks` (rows of 32 float32 values): each value's code
-    (uint8, sign in the format's top bit) and each block's scale exponent k (scale 2**k).
-
-    `codes` is written in place when given, else a work array overwritten by the next chunk. Refuses
-    (PayloadError naming encoding `name`) values that are not finite or reach SCALED_LIMIT. Chunks take
-    `_split_chunk` where it serves them, else `_exact_chunk`; the blocks `_split_chunk` leaves come
-    last, all at once, with `rows` an array of their indices. Every block gets what `_exact_chunk`
-    gives it.
-    """
-    scratch, left = Scratch(), []
+    (uint8, sign in the format's top bit, in a work array the next chunk overwrites) and each block's
+    scale exponent k (scale 2**k), by `_exact_chunk`. Refuses (PayloadError naming encoding `name`)
+    values that are not finite or reach SCALED_LIMIT."""
+    scratch = Scratch()
     for rows in _chunks(len(blocks), CHUNK_BLOCKS):
         chunk = blocks[rows]
-        chunk_codes = scratch("codes", np.uint8, chunk.shape) if codes is None else codes[rows]
-        # E2M1 is normal only from 1 to 6 times its scale: nearly every block holds a value under that
-        split = _split_chunk(chunk, fmt, scratch, chunk_codes) if fmt.exponent_bits > 2 else None
-        if split is None:
-            yield rows, chunk_codes, _exact_chunk(chunk, fmt, name, scratch, chunk_codes)
-        else:
-            left.append(split[1] + rows.start)
-            yield rows, chunk_codes, split[0]
-    rows = np.concatenate(left) if left else np.empty(0, np.intp)
-    if len(rows):
-        rest = blocks[rows]
-        rest_codes = np.empty(rest.shape, np.uint8)
-        yield rows, rest_codes, _exact_chunk(rest, fmt, name, scratch, rest_codes)
+        codes = scratch("codes", np.uint8, chunk.shape)
+        yield rows, codes, _exact_chunk(chunk, fmt, name, scratch, codes)
 
 
 def _exact_chunk(
@@ -228,40 +212,46 @@ def _exact_chunk(
 
 
 def _split_chunk(
-    chunk: np.ndarray, fmt: Minifloat, scratch: Scratch, codes: np.ndarray
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """Codes and scale exponents as `_exact_chunk` gives them, in fewer passes, except for the blocks
-    whose indices come second (theirs are placeholders); None for a chunk this cannot serve: with a
-    scale above 2**96 (infinities and NaN included), or more than one block in eight left over.
+    chunk: np.ndarray, scratch: Scratch, codes: np.ndarray, most: np.ndarray, least: np.ndarray
+) -> None:
+    """Write into `codes` the E4M3 codes of the blocks of `chunk`, and into `most` and `least` each
+    block's largest and smallest mu; the codes are right, as `_exact_chunk` gives them, in every block
+    that `_left_over` does not pick, and placeholders in those (whatever their values, NaN included).
 
-    mu, the exponent byte of bits(x) + 2**23 - 1 - fmt.top_fraction, is the biased exponent of x, one
-    more where its fraction exceeds that of fmt.max_value: it is 127 + fmt.top_exponent plus the least
-    k with |x| <= max_value * 2**k, so a block's largest mu gives its k. A block is left over when its
-    smallest mu is at most 127 + min_exponent + k (it may hold zeros or values under the format's
-    normal range at its scale) or when k < -100; all values of the other blocks are what
-    `split_codes` needs, normal at their scale and far from float32's limits.
+    mu, the exponent byte of bits(x) + 2**23 - 1 - E4M3.top_fraction, is the biased exponent of x, one
+    more where its fraction exceeds that of 448: it is 127 + 8 plus the least k with |x| <= 448 * 2**k,
+    so a block's largest mu gives its k. With the other test of `_left_over` (no value under E4M3's
+    normal range at that scale, and k from -100 to 96), every value of a block is what `split_codes`
+    needs.
     """
     flat = chunk.reshape(-1)
     # split_codes reuses this buffer: mu is all it is needed for
     biased = scratch("split_low", np.uint32, flat.shape)
-    np.add(flat.view(np.uint32), 0x7FFFFF - fmt.top_fraction, out=biased)
+    np.add(flat.view(np.uint32), 0x7FFFFF - E4M3.top_fraction, out=biased)
     mu = np.right_shift(biased, 23, out=scratch("mu", np.uint8, flat.shape), casting="unsafe")
-    k = _block_reduce(mu, np.maximum, scratch).astype(np.int32)
-    k -= 127 + fmt.top_exponent  # under -127 only in blocks left over, whose k comes later
-    if k.max() > 96:  # split_codes would overflow; infinities and most NaN (mu 255) end here too
-        return None
-    small = _block_reduce(mu, np.minimum, scratch) <= k + (127 + fmt.min_exponent)
-    left = np.flatnonzero(small | (k < -100))
-    # A NaN whose bits carry mu past 255 (to at most 3) is in a block left over: refuse it with its chunk
-    if len(left) > len(chunk) // 8 or not np.isfinite(chunk[left]).all():
-        return None
-    offsets = ((k + 126 + fmt.min_exponent) << fmt.mantissa_bits).astype(np.uint8)  # modulo 256
-    split_codes(flat, np.repeat(offsets, BLOCK), fmt, scratch, codes.reshape(-1))
-    return k, left
+    _block_reduce(mu, np.maximum, scratch, most)
+    _block_reduce(mu, np.minimum, scratch, least)
+    # (k + 126 + min_exponent) << 3 modulo 256, with k = most - 135: (most << 3) - 120
+    offsets = np.left_shift(most, 3, out=scratch("offsets", np.uint8, most.shape))
+    offsets += np.uint8(136)
+    split_codes(flat, np.repeat(offsets, BLOCK), E4M3, scratch, codes.reshape(-1))
 
 
-def _block_reduce(values: np.ndarray, pick: np.ufunc, scratch: Scratch) -> np.ndarray:
-    """`pick` (np.maximum or np.minimum) of each 32 consecutive uint8 `values`, by picks between
+def _left_over(most: np.ndarray, least: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(k, indices of the blocks `_split_chunk` cannot serve), from each block's largest and smallest
+    mu: those whose smallest mu is at most 127 + min_exponent + k (they may hold zeros or values under
+    E4M3's normal range at their scale), or with k under -100 or over 96 (where split_codes would
+    overflow; infinities and NaN, whose mu is 255 or, carried past it, at most 3, are among them)."""
+    k = most.astype(np.int32)
+    k -= 127 + E4M3.top_exponent
+    left = least <= k + (127 + E4M3.min_exponent)
+    left |= k < -100
+    left |= k > 96
+    return k, np.flatnonzero(left)
+
+
+def _block_reduce(values: np.ndarray, pick: np.ufunc, scratch: Scratch, out: np.ndarray) -> None:
+    """Write into `out` `pick` (np.maximum or np.minimum) of each 32 consecutive uint8 `values`, by picks between
     shifted views that halve the live bytes of every block (16 apart, then 8, 4, 2, 1): a few byte
     passes, where np.maximum.reduceat costs one call per block. Outputs never overlap inputs, which
     would make numpy copy them first."""
@@ -275,42 +265,67 @@ def _block_reduce(values: np.ndarray, pick: np.ufunc, scratch: Scratch) -> np.nd
     pick(a[:-4], a[4:], out=b[:-4])
     pick(b[:-6], b[2:-4], out=a[:-6])
     pick(a[:-7], a[1:-6], out=b[:-7])
-    return b.reshape(rows, 8)[:, 0]
+    np.copyto(out, b.reshape(rows, 8)[:, 0])
 
 
-def _e4m3_times(codes: np.ndarray, factors: np.ndarray, out: np.ndarray) -> None:
-    """Write E4M3 `codes` (rows of 32) times their factors (one per row, or a scalar for all) into `out`;
-    NaN codes raise ValueError."""
+def _e4m3_times(codes: np.ndarray, scales: np.ndarray, per_block: bool) -> np.ndarray:
+    """Flat float32 of E4M3 `codes` times their scales: one a block of 32 (`per_block`), else one for
+    all. NaN codes raise ValueError."""
     # 0xFF is the largest byte and 0x7F the largest int8: two reductions, no temporary
     if codes.max(initial=0) == 0xFF or codes.view(np.int8).max(initial=0) == 0x7F:
         raise ValueError("holds E4M3 NaN codes (0x7F or 0xFF)")
-    place_codes(codes, E4M3, out)  # value * 2**-120
-    factors = np.asarray(factors, np.float64) * 2.0**120
-    if factors.max(initial=0.0) >= 2.0**127:
-        out *= np.float32(2.0**120)  # a scale above 2**7: apply 2**120 on its own to stay finite
-        factors *= 2.0**-120
-    if factors.ndim == 0:
-        out *= np.float32(factors)
-    else:  # repeated out to one factor per value: faster than broadcasting over rows of 32
-        out *= np.repeat(factors.astype(np.float32), BLOCK).reshape(out.shape)
+    # place_codes gives value * 2**-120; a scale from 2**7 on would overflow times 2**120, and then every
+    # value takes 2**120 on its own first (exact), the scale after
+    lift = float(np.abs(scales).max(initial=0.0)) >= 2.0**7
+    factors = scales if lift else (scales.astype(np.float64) * 2.0**120).astype(np.float32)
+    out, step = np.empty(codes.size, np.float32), CHUNK_BLOCKS * BLOCK
+    for start in range(0, codes.size, step):
+        values = out[start : start + step]
+        place_codes(codes[start : start + step], E4M3, values)
+        if lift:
+            values *= np.float32(2.0**120)
+        if per_block:  # repeated out to one factor per value: faster than broadcasting over rows of 32
+            values *= np.repeat(factors[start // BLOCK : (start + step) // BLOCK], BLOCK)
+        else:
+            values *= factors[0]
+    return out
 
 
 def _encode_f8(values: np.ndarray) -> dict[str, np.ndarray]:
+    """Every chunk through `_split_chunk`, then the blocks it leaves through `_exact_chunk`."""
     blocks = _as_blocks(_flat_f32(values))
-    codes, scales = np.empty(blocks.shape, np.uint8), np.empty(len(blocks), np.float32)
-    for rows, chunk_codes, k in quantize_blocks(blocks, E4M3, "F8_E4M3", codes):
-        codes[rows], scales[rows] = chunk_codes, pow2(k)  # the first is a no-op where they are one
-    return {"": codes.reshape(-1), "@scale": scales}
+    codes, scratch = np.empty(blocks.shape, np.uint8), Scratch()
+    most, least = np.empty(len(blocks), np.uint8), np.empty(len(blocks), np.uint8)
+    with np.errstate(over="ignore", invalid="ignore"):  # in the placeholders of blocks left over
+        for rows in _chunks(len(blocks), CHUNK_BLOCKS):
+            _split_chunk(blocks[rows], scratch, codes[rows], most[rows], least[rows])
+    k, left = _left_over(most, least)
+    for part in _chunks(len(left), CHUNK_BLOCKS):
+        rows = left[part]
+        rest = blocks[rows]
+        rest_codes = np.empty(rest.shape, np.uint8)
+        try:
+            k[rows] = _exact_chunk(rest, E4M3, "F8_E4M3", scratch, rest_codes)
+        except PayloadError:
+            _refuse_first_chunk(blocks, rows[~(np.abs(rest) < SCALED_LIMIT).all(axis=1)][0])
+            raise
+        codes[rows] = rest_codes
+    return {"": codes.reshape(-1), "@scale": pow2(k)}
+
+
+def _refuse_first_chunk(blocks: np.ndarray, bad_block: int) -> None:
+    """Refuse as a chunk-by-chunk encoder would: name the largest magnitude of the first chunk that
+    holds a value refused (the chunk of `bad_block`), and count that chunk's values that are not finite."""
+    start = bad_block - bad_block % CHUNK_BLOCKS
+    chunk = blocks[start : start + CHUNK_BLOCKS].reshape(-1)
+    _refuse(_largest_magnitude(chunk), SCALED_LIMIT, "F8_E4M3", chunk)
 
 
 def _decode_f8(entries: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
     blocks = _block_count(prod(shape))
-    codes = _entry(entries, "", np.uint8, blocks * BLOCK).reshape(blocks, BLOCK)
+    codes = _entry(entries, "", np.uint8, blocks * BLOCK)
     scales = _entry(entries, "@scale", np.float32, blocks)
-    out = np.empty((blocks, BLOCK), np.float32)
-    for rows in _chunks(blocks, CHUNK_BLOCKS):
-        _e4m3_times(codes[rows], scales[rows], out[rows])
-    return _unpad(out, shape)
+    return _e4m3_times(codes, scales, per_block=True)[: prod(shape)].reshape(shape)
 
 
 def _encode_f8_tensor(values: np.ndarray) -> dict[str, np.ndarray]:
@@ -328,12 +343,9 @@ def _encode_f8_tensor(values: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def _decode_f8_tensor(entries: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
-    codes = _as_blocks(_entry(entries, "", np.uint8, prod(shape)))
+    codes = _entry(entries, "", np.uint8, prod(shape))
     scale = _entry(entries, "@scale", np.float32, 1)
-    out = np.empty(codes.shape, np.float32)
-    for rows in _chunks(len(codes), CHUNK_BLOCKS):
-        _e4m3_times(codes[rows], scale[0], out[rows])
-    return _unpad(out, shape)
+    return _e4m3_times(codes, scale, per_block=False).reshape(shape)
 
 
 def _encode_f4(values: np.ndarray) -> dict[str, np.ndarray]:

@@ -56,17 +56,26 @@ FP16 = Minifloat(exponent_bits=5, mantissa_bits=10, min_exponent=-14, max_value=
 
 
 class Scratch:
-    """Work arrays reused from chunk to chunk: a fresh 1 MiB array per step costs page faults."""
+    """Work arrays reused from chunk to chunk: a fresh 1 MiB array per step costs page faults.
+
+    Each view asked for is kept: building one costs microseconds, and a codec asks for a dozen per chunk.
+    """
 
     def __init__(self) -> None:
         self._buffers: dict[str, np.ndarray] = {}
+        self._views: dict[tuple[str, type, tuple[int, ...]], np.ndarray] = {}
         self._constants: dict[tuple[int, str], np.ndarray] = {}
 
     def __call__(self, name: str, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
+        view = self._views.get((name, dtype, shape))
+        if view is not None:
+            return view
         size = prod(shape) * np.dtype(dtype).itemsize
         if name not in self._buffers or self._buffers[name].size < size:
             self._buffers[name] = np.empty(size, np.uint8)
-        return self._buffers[name][:size].view(dtype).reshape(shape)
+            self._views = {key: kept for key, kept in self._views.items() if key[0] != name}
+        view = self._views[name, dtype, shape] = self._buffers[name][:size].view(dtype).reshape(shape)
+        return view
 
     def full(self, value: int, dtype: type, shape: tuple[int, ...]) -> np.ndarray:
         """An array of `value`: numpy's maximum against one is several times faster than against a scalar."""
