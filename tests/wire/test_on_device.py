@@ -12,7 +12,7 @@ from hypothesis.extra.numpy import arrays
 
 from slowlink.errors import PayloadError
 from slowlink.wire import payload
-from slowlink.wire.encodings import BF16_LIMIT, ENCODINGS, SCALED_LIMIT
+from slowlink.wire.encodings import BF16_LIMIT, CHUNK_BLOCKS, ENCODINGS, SCALED_LIMIT
 from slowlink.wire.error_feedback import error_feedback_encode
 from slowlink.wire.fragment import HostBuffer, encode_fragment
 
@@ -136,6 +136,21 @@ def test_nan_and_infinities_are_refused_as_on_host(name, bad):
     values[57] = bad
     with pytest.raises(PayloadError, match="1 values are NaN or infinite"):
         on_device.ENCODINGS[name].encode(torch.from_numpy(values))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_refusal_names_what_the_host_names_in_a_tensor_of_many_chunks(name):
+    """The host codecs refuse chunk by chunk: the first chunk holding a bad value is the one described."""
+    values = np.ones(3 * CHUNK_BLOCKS * 32 + 5, np.float32)
+    values[CHUNK_BLOCKS * 32 + 7] = 3.4e38  # too large for BF16 and F8_E4M3, in the second chunk
+    values[-1] = np.nan  # in the last chunk
+    for why in ("cannot hold", "1 values are NaN") if name != "F32" else ("1 values are NaN",):
+        with pytest.raises(PayloadError, match=why) as on_host:
+            ENCODINGS[name].encode(values)
+        with pytest.raises(PayloadError) as on_the_device:
+            on_device.ENCODINGS[name].encode(torch.from_numpy(values))
+        assert str(on_the_device.value) == str(on_host.value)
+        values[CHUNK_BLOCKS * 32 + 7] = 1.0  # then the NaN of the last chunk is what is named
 
 
 @pytest.mark.parametrize(("name", "limit"), [("BF16", BF16_LIMIT), ("F8_E4M3", SCALED_LIMIT)])

@@ -318,7 +318,7 @@ def _refuse_first_chunk(blocks: np.ndarray, bad_block: int) -> None:
     holds a value refused (the chunk of `bad_block`), and count that chunk's values that are not finite."""
     start = bad_block - bad_block % CHUNK_BLOCKS
     chunk = blocks[start : start + CHUNK_BLOCKS].reshape(-1)
-    _refuse(_largest_magnitude(chunk), SCALED_LIMIT, "F8_E4M3", chunk)
+    refuse(largest_magnitude(chunk), SCALED_LIMIT, "F8_E4M3", chunk)
 
 
 def _decode_f8(entries: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:

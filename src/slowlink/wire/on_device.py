@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from .encodings import BF16_LIMIT, BLOCK, SCALED_LIMIT, Encoding, largest_magnitude, refuse
+from .encodings import CHUNK_BLOCKS as HOST_CHUNK_BLOCKS
 from .fragment import HostBuffer
 from .minifloat import E4M3
 
@@ -44,9 +45,19 @@ def _decode_f32(entries: dict[str, torch.Tensor], shape: tuple[int, ...]) -> tor
     return _entry(entries, "", torch.float32, int(np.prod(shape))).reshape(shape)
 
 
+def _refuse_by_chunks(flat: torch.Tensor, largest: float, limit: float, name: str) -> None:
+    """Refuse as encodings.py's BF16 and F8_E4M3 do, chunk by chunk: naming the first chunk that holds a
+    value refused (its largest magnitude, its values that are not finite), so the message is theirs too."""
+    if largest < limit:
+        return
+    step = HOST_CHUNK_BLOCKS * BLOCK
+    for start in range(0, flat.shape[0], step):
+        refuse(largest_magnitude(flat[start : start + step]), limit, name, flat[start : start + step])
+
+
 def _encode_bf16(values: torch.Tensor) -> dict[str, torch.Tensor]:
     flat = _flat_f32(values)
-    refuse(largest_magnitude(flat), BF16_LIMIT, "BF16", flat)
+    _refuse_by_chunks(flat, largest_magnitude(flat), BF16_LIMIT, "BF16")
     return {"": flat.to(torch.bfloat16).view(torch.uint16)}  # stored as U16 bits
 
 
@@ -88,7 +99,9 @@ def _encode_f8(values: torch.Tensor) -> dict[str, torch.Tensor]:
         torch.amax(
             blocks[start : start + CHUNK_BLOCKS].abs(), dim=1, out=absmax[start : start + CHUNK_BLOCKS]
         )
-    refuse(float(absmax.max()) if absmax.shape[0] else 0.0, SCALED_LIMIT, "F8_E4M3", flat)  # NaN too
+    _refuse_by_chunks(
+        flat, float(absmax.max()) if absmax.shape[0] else 0.0, SCALED_LIMIT, "F8_E4M3"
+    )  # NaN too
     k = _scale_exponents(absmax)
     inverse = _pow2(-k)
     codes = torch.empty(blocks.shape, dtype=torch.uint8, device=flat.device)
