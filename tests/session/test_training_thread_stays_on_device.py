@@ -15,6 +15,8 @@ from slowlink.wire import payload
 from .nodes import batches, sgd_step, wide_mlp
 
 HOST_CALLS = {"numpy", "cpu"}
+# Where the model may live: the CPU here, and a GPU's path where there is one.
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
 
 class HostCopies(TorchFunctionMode):
@@ -113,22 +115,23 @@ def _devices(args: tuple, kwargs: dict) -> int:
     return len(devices | ({torch.device(kwargs["device"])} if kwargs.get("device") is not None else set()))
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     "options",
     [{"overlap_steps": 0}, {"overlap_steps": 1}, {"overlap_steps": 1, "mixing": 0.5}],
     ids=["at-the-sync", "overlapped", "blended"],
 )
-def test_applying_a_commit_moves_nothing_between_host_and_device_on_the_training_thread(options):
+def test_applying_a_commit_moves_nothing_between_host_and_device_on_the_training_thread(options, device):
     """The commit's parameters come to the device on the communication thread; the node's anchor lives
     there, and θ ← θ + (Θ_new − Θ_old + Δ) (or the blend) runs there: no host array enters the training
     thread, whether the node waits for the commit at its sync step, τ steps later, or blends it in."""
-    model, events = wide_mlp(), []
+    model, events = wide_mlp().to(device), []
     algorithm = sl.DiLoCo(sync_every=2, fragments=2, **options)
     with sl.Session(model, algorithm=algorithm, mailbox=sl.MemoryMailbox(), node_id="n", poll_seconds=0.005,
                     on_event=events.append) as session:  # fmt: skip
         host_calls, crossings, applying = HostCopies(list(model.parameters())), Crossings(), 0
-        for batch in batches(0, 12):
-            sgd_step(model, batch, 0.05)
+        for x, y in batches(0, 12):
+            sgd_step(model, (x.to(device), y.to(device)), 0.05)
             seen = len(events)
             with host_calls, crossings:
                 session.step(samples=4)
@@ -136,7 +139,7 @@ def test_applying_a_commit_moves_nothing_between_host_and_device_on_the_training
     assert applying >= 5  # steps that applied a commit were spied on
     assert host_calls.calls == [] and crossings.calls == []
     anchors = [params[name] for _, params in session.node.anchors.values() for name in params]
-    assert all(isinstance(anchor, torch.Tensor) for anchor in anchors)  # on the model's device
+    assert all(isinstance(anchor, torch.Tensor) and anchor.device.type == device for anchor in anchors)
 
 
 def test_the_spy_sees_a_host_copy_when_there_is_one():
@@ -155,11 +158,14 @@ def test_the_crossings_spy_sees_host_memory_entering_torch():
     assert spy.calls == ["lift_fresh", "lift_fresh"]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("encoding", ["F32", "BF16", "F8_E4M3", "F4"])
-def test_a_contribution_encoded_on_the_device_has_the_bytes_of_the_host_path(encoding):
-    """Δ = anchor − snapshot is taken, and (but for F4) encoded, where the model is: the payload in the store is
-    byte for byte what numpy makes of the same snapshot on the host, and the node's Δ stays on the device."""
-    model, mailbox, deltas_kept = wide_mlp(), sl.MemoryMailbox(), []
+def test_a_contribution_encoded_where_the_model_is_has_the_bytes_of_the_host_path(encoding, device):
+    """Δ = anchor − snapshot is taken where the model is, and on a GPU encoded there (but for F4; in host
+    memory, numpy works on views of the tensors, wire/on_device.py's codecs being pinned to the host's bytes
+    by tests/wire/test_on_device.py): the payload in the store is byte for byte what numpy makes of the same
+    snapshot on the host, and the node's Δ stays in its tensors on the device."""
+    model, mailbox, deltas_kept = wide_mlp().to(device), sl.MemoryMailbox(), []
     algorithm = sl.DiLoCo(sync_every=2, fragments=1, overlap_steps=0, delta_dtype=encoding)
 
     def on_event(event: sl.Event) -> None:  # on the communication thread, once the payload is stored
@@ -168,10 +174,10 @@ def test_a_contribution_encoded_on_the_device_has_the_bytes_of_the_host_path(enc
 
     with sl.Session(model, algorithm=algorithm, mailbox=mailbox, node_id="n", poll_seconds=0.005,
                     on_event=on_event) as session:  # fmt: skip
-        anchor = {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
-        for batch in batches(0, 2):
-            sgd_step(model, batch, 0.05)
-            snapshot = {name: p.detach().numpy().copy() for name, p in model.named_parameters()}
+        anchor = {name: p.detach().cpu().numpy().copy() for name, p in model.named_parameters()}
+        for x, y in batches(0, 2):
+            sgd_step(model, (x.to(device), y.to(device)), 0.05)
+            snapshot = {name: p.detach().cpu().numpy().copy() for name, p in model.named_parameters()}
             session.step(samples=4)  # the second publishes round 1 and waits for its commit
         header = session.run.expect(kind="delta", fragment=0, round=1, node="n")
     (sent,) = [key for key in mailbox.list("rounds/") if not key.key.endswith(".json")]
@@ -179,4 +185,5 @@ def test_a_contribution_encoded_on_the_device_has_the_bytes_of_the_host_path(enc
         {name: anchor[name] - snapshot[name] for name in anchor}, header, encoding=encoding
     )
     assert mailbox.get(sent.key).data == on_host
-    assert len(deltas_kept) == len(anchor) and all(isinstance(delta, torch.Tensor) for delta in deltas_kept)
+    assert len(deltas_kept) == len(anchor)
+    assert all(isinstance(delta, torch.Tensor) and delta.device.type == device for delta in deltas_kept)

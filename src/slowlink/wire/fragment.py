@@ -9,9 +9,8 @@ from ..frameworks.base import host_arrays
 from .encodings import get_encoding
 from .error_feedback import error_feedback_encode
 
-Encoded = dict[
-    str, tuple[tuple[int, ...], dict]
-]  # name -> (shape, suffix -> entry): what pack_encoded frames
+# name -> (shape, suffix -> entry): what payload.pack_encoded frames
+Encoded = dict[str, tuple[tuple[int, ...], dict]]
 
 
 class HostBuffer:

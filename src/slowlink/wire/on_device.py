@@ -1,7 +1,7 @@
 """Encodings computed where a fragment lives: F32, BF16 and F8_E4M3 of torch tensors on their own device, by
 torch's casts, giving exactly the entries of encodings.py for the same values (the refusals too), so a
-payload's bytes never depend on where it was encoded. `HostBuffer` brings the encoded entries to host, the
-only bytes that cross. The other encodings take the host path (fragment.py).
+payload's bytes never depend on where it was encoded. `to_host` brings the encoded entries to host, the only
+bytes that cross, into a reused buffer. The other encodings take the host path (fragment.py).
 
 Both casts round to nearest, ties to even, as encodings.py does: BF16 keeps the high half of each float32,
 denormals included; E4M3FN codes are taken of values at or under 448 after their block's power-of-two scale,
@@ -162,15 +162,16 @@ def copy_to_host(encoded: dict[str, tuple[tuple[int, ...], dict[str, torch.Tenso
             size = stored.numel() * stored.element_size()
             layout.append((name, suffix, stored, total, size))
             total += -(-size // ALIGN) * ALIGN
-    pinned = any(stored.device.type == "cuda" for _, _, stored, _, _ in layout)
+    cuda = {stored.device for _, _, stored, _, _ in layout if stored.device.type == "cuda"}
+    pinned = bool(cuda)
     memory = buffer.memory
     if memory is None or memory.shape[0] < total or memory.is_pinned() != pinned:
         memory = buffer.memory = torch.empty(total, dtype=torch.uint8, pin_memory=pinned)
     for _, _, stored, offset, size in layout:
         if size:  # (an empty tensor's strides may not allow a view of another element size)
             memory[offset : offset + size].copy_(stored.reshape(-1).view(torch.uint8), non_blocking=pinned)
-    if pinned:
-        torch.cuda.synchronize()  # the copies above were queued; the host reads them next
+    for device in cuda:  # the copies above were queued on each device's stream; the host reads them next
+        torch.cuda.synchronize(device)
     host_bytes = memory.numpy()
     host: dict = {name: (shape, {}) for name, (shape, _) in encoded.items()}
     for name, suffix, stored, offset, size in layout:
