@@ -160,11 +160,10 @@ def test_the_crossings_spy_sees_host_memory_entering_torch():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("encoding", ["F32", "BF16", "F8_E4M3", "F4"])
-def test_a_contribution_encoded_where_the_model_is_has_the_bytes_of_the_host_path(encoding, device):
-    """Δ = anchor − snapshot is taken where the model is, and on a GPU encoded there (but for F4; in host
-    memory, numpy works on views of the tensors, wire/on_device.py's codecs being pinned to the host's bytes
-    by tests/wire/test_on_device.py): the payload in the store is byte for byte what numpy makes of the same
-    snapshot on the host, and the node's Δ stays in its tensors on the device."""
+def test_a_contribution_encoded_on_the_device_has_the_bytes_of_the_host_path(encoding, device):
+    """Δ = anchor − snapshot is taken, and (but for F4) encoded, where the model is (wire/on_device.py): the
+    payload in the store is byte for byte what numpy makes of the same snapshot on the host, and the node's Δ
+    stays in its tensors on the device."""
     model, mailbox, deltas_kept = wide_mlp().to(device), sl.MemoryMailbox(), []
     algorithm = sl.DiLoCo(sync_every=2, fragments=1, overlap_steps=0, delta_dtype=encoding)
 

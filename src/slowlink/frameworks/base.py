@@ -56,19 +56,6 @@ def host_arrays(values: dict) -> Arrays:
     }
 
 
-def host_views(values: dict) -> dict:
-    """Numpy views of the tensors in host memory (a CPU model's), the others as they are, on their device.
-    The communication thread computes on these: for a model in host memory its math is then numpy's, in
-    place on the same memory and on one core, where torch's would contend with the training thread's for
-    the same intra-op threads (measured: a sync step 3.7 times slower on 2 cores, docs/BENCHMARKS.md)."""
-    return {name: v.detach().numpy() if _in_host_memory(v) else v for name, v in values.items()}
-
-
-def _in_host_memory(values: object) -> bool:
-    device = getattr(values, "device", None)  # numpy arrays have none (before numpy 2's array API)
-    return not isinstance(values, np.ndarray) and device is not None and device.type == "cpu"
-
-
 def on_device_of(adapter: Adapter) -> Callable[[Arrays], dict]:
     """How host arrays become the arrays a node keeps its anchors in: the adapter's `on_device`, or the arrays
     as they are for an adapter without one (its math runs on the host)."""

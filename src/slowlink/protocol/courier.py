@@ -21,7 +21,6 @@ from ..clock import REAL, Clock
 from ..engine.channel import Arrival, Contribution
 from ..errors import MailboxError, PayloadError, TrainingDiverged
 from ..events import Event
-from ..frameworks.base import host_views
 from ..mailbox.contract import Mailbox
 from ..wire import payload
 from ..wire.compress import compress
@@ -280,13 +279,12 @@ class Courier:
                          "bytes": len(data), "blob": sha}))  # fmt: skip
 
     def _prepare(self, item: Contribution, round_: int) -> tuple[bytes, str, float]:
-        # Δ = θ_anchor − θ_local in the snapshot's own buffers, here on the communication thread, where they
-        # are: on the model's device, or in numpy on views of them for a model in host memory (host_views).
-        # No second copy of the fragment. The snapshot is the node's record of the contribution too: it holds
-        # Δ from now on.
-        delta, anchor = host_views(item.snapshot), host_views(item.anchor)
+        # Δ = θ_anchor − θ_local in the snapshot's own buffers, where they are (the model's device), here on
+        # the communication thread: no second copy of the fragment. The snapshot is the node's record of the
+        # contribution too: it holds Δ from now on.
+        delta = item.snapshot
         for name, values in delta.items():
-            subtract_into(anchor[name], values)
+            subtract_into(item.anchor[name], values)
         norm = l2_norm(delta)  # reported, so the merger can judge each contribution against the others
         header = self.run.expect(kind="delta", fragment=item.fragment, round=round_, node=self.node_id)
         try:
