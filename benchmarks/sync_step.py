@@ -147,7 +147,7 @@ second step), one node that also merges, {args.steps} steps of {COMPUTE_SECONDS 
 sleep standing for a step that runs on an accelerator while the host waits. On this machine the device is the
 CPU: the node's anchors, Δ and its encoding (F32 here) are torch tensors and ops there, as on a GPU.
 {args.pairs} paired runs per mailbox; load average {load_at_start:.1f} on {os.cpu_count()} cores when it started,
-{load:.1f} when it finished (the machine is shared: ratios move by tens of percent from run to run).
+{load:.1f} when it finished (the machine is shared: a run's medians move up to 5× from one run to the next).
 
 The training thread's time in `session.step()` on the steps that did something, against a bare device-side
 clone of one fragment (`adapter.clone`, the least a sync step can cost); target: at most 3×.
