@@ -12,9 +12,10 @@ PACKAGE = Path(sl.__file__).parent
 # everything. The engine (the driver and the channel interface) sits on the methods; the mailbox channel
 # (protocol), the collective channel and the simulator each sit on the engine, so none copies the round logic.
 # plan (the utilization planner) is pure arithmetic: it needs only errors, and cli imports it.
+# optim (DeMo, an optimizer that exchanges in step()) sits on the exchanges of engine and collective.
 # integrations (the Hugging Face Trainer callback) drives a session and its checkpoints.
 LAYERS = ["errors", "arrays", "clock", "events", "metrics", "plan", "frameworks", "mailbox", "wire", "algorithms",
-          "engine", "protocol", "collective", "sim", "session", "align", "checkpoint", "integrations", "ops", "demo",
+          "engine", "protocol", "collective", "sim", "optim", "session", "align", "checkpoint", "integrations", "ops", "demo",
           "cli"]  # fmt: skip
 
 
@@ -59,7 +60,7 @@ def test_every_module_imports_only_its_own_layer_and_the_layers_below():
 
 def test_the_public_surface_is_exactly_this():
     assert sorted(sl.__all__) == [
-        "BalancedBytes", "ConfigError", "DiLoCo", "DirMailbox", "Event", "MailboxError", "MemoryMailbox",
+        "BalancedBytes", "ConfigError", "ContributionRefused", "DeMo", "DiLoCo", "DirMailbox", "Event", "MailboxError", "MemoryMailbox",
         "NormClippedMean", "PayloadError", "RunConfigMismatch", "S3Mailbox", "SchemaMismatch", "Session",
         "SessionStateError", "SessionStats", "SlowlinkError", "Strided", "TrainingDiverged", "TrimmedMean",
         "WeightedMean", "align", "checkpoint",

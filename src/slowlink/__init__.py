@@ -8,6 +8,7 @@ from .algorithms.robust import NormClippedMean, TrimmedMean
 from .align import align
 from .errors import (
     ConfigError,
+    ContributionRefused,
     MailboxError,
     PayloadError,
     RunConfigMismatch,
@@ -22,6 +23,11 @@ from .session import Session, SessionStats
 
 
 def __getattr__(name: str):
+    # DeMo is a torch optimizer (the torch extra): imported on first use, like S3Mailbox.
+    if name == "DeMo":
+        from .optim import DeMo
+
+        return DeMo
     # S3Mailbox needs boto3 (the s3 extra): imported on first use, so `import slowlink` works without it.
     if name == "S3Mailbox":
         from .mailbox import S3Mailbox
@@ -33,6 +39,8 @@ def __getattr__(name: str):
 __all__ = [
     "BalancedBytes",
     "ConfigError",
+    "ContributionRefused",
+    "DeMo",
     "DiLoCo",
     "DirMailbox",
     "Event",

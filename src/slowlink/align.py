@@ -10,8 +10,7 @@ from .mailbox.named import open_mailbox
 from .protocol import keys
 from .protocol.chain import load_newest
 from .protocol.run import read_run
-from .protocol.trust import ENVIRONMENT_VARIABLE, RunKey
-from .session import trusted_view
+from .protocol.trust import ENVIRONMENT_VARIABLE, RunKey, trusted_view
 
 
 def align(

@@ -8,6 +8,7 @@ SlowlinkError
 ├── PayloadError         bytes from the store that fail a check (digest, header, size, encoding)
 │   └── ObjectTooLarge   an object over its reader's size limit, refused before it was read
 ├── TrainingDiverged     this node's parameters hold NaN or values its delta_dtype cannot carry
+├── ContributionRefused  this node's Δ is far outside its own history: the model changed outside training
 └── MailboxError         the store failed
     ├── PreconditionFailed   a create-once key exists, or a compare-and-swap lost
     ├── MailboxUnavailable   the store kept failing after retries (throttling, 5xx, timeouts)
@@ -61,6 +62,12 @@ class ObjectTooLarge(PayloadError):
 class TrainingDiverged(SlowlinkError):
     """This node's contribution cannot be sent: its parameters hold NaN or infinite values, or values
     beyond what the run's delta_dtype can carry. session.step() raises it; nothing is published."""
+
+
+class ContributionRefused(SlowlinkError):
+    """This node did not publish a contribution whose Δ is many times what its merged contributions were:
+    the model was changed outside training (e.g. model.load_state_dict), and merging that would move
+    everyone's model. Its steps are kept; session.reset() drops them with the change."""
 
 
 class MailboxError(SlowlinkError):

@@ -26,6 +26,8 @@ LEVELS: dict[str, int] = {
     # work trained on a node that did not (fully) reach the committed model, or a failure
     "contribution_rejected": logging.WARNING,
     "contribution_late": logging.WARNING,
+    "own_contribution_rejected": logging.WARNING,
+    "contribution_refused": logging.WARNING,
     "steps_dropped": logging.WARNING,
     "steps_unconfirmed": logging.WARNING,
     "mailbox_error": logging.WARNING,
@@ -52,6 +54,7 @@ LEVELS: dict[str, int] = {
     "commit_change_skipped": logging.INFO,
     "checkpoint_saved": logging.INFO,
     "checkpoint_loaded": logging.INFO,
+    "reset": logging.INFO,
     # every round, on every node
     "contribution_sent": logging.DEBUG,
     "commit_applied": logging.DEBUG,

@@ -23,7 +23,7 @@ from .engine.node import Node
 from .engine.stall import StallWatch
 from .errors import ConfigError, MailboxUnavailable, SessionStateError
 from .events import Event, JsonLines, log_event
-from .frameworks.base import adapter_for, frozen_of, on_device_of, schema_digest
+from .frameworks.base import adapter_for, compare_frozen, frozen_of, on_device_of, schema_digest
 from .mailbox.contract import Mailbox
 from .mailbox.metered import Metered
 from .mailbox.named import open_mailbox
@@ -33,7 +33,7 @@ from .protocol.courier import Courier, NodeStatus
 from .protocol.joined import joined_event, refuse_resuming
 from .protocol.leases import refuse_if_live
 from .protocol.run import open_run
-from .protocol.trust import RunKey, Signed
+from .protocol.trust import RunKey, trusted_view
 from .wire.encodings import ENCODINGS
 
 
@@ -51,6 +51,8 @@ class SessionStats:
     contributions_sent: int
     contributions_late: int  # missed their round; their steps were carried into the next contribution
     contributions_rejected: int  # rejected by this node as the leader, with reasons in the commit records
+    own_contributions_rejected: int  # this node's, rejected by the merger; their steps were carried on
+    contributions_refused: int  # not published: far outside this node's history (ContributionRefused)
     syncs_deferred: int  # due while the in-flight limit was reached; published later, nothing lost
     syncs_skipped: int  # due for a round already committed (a node joining mid-round); steps carried
     steps_replaced: int  # overlap steps replaced by a commit (mixing keeps a share of them)
@@ -142,20 +144,21 @@ class Session:
             schema_digest=schema_digest(self.adapter.schema), plan=plan,
             initial=lambda: [self.adapter.snapshot(group) for group in plan],
             key_id=self.run_key.key_id if self.run_key else None, frozen=frozen_of(self.adapter),
+            statistics=getattr(self.adapter, "statistics", []),
         )  # fmt: skip
         self.plan = self.run.plan
         refuse_if_live(
             self.mailbox, self.node_id, self.lease_seconds, clock=self.clock.now, sleep=self.clock.sleep
         )
-        latest = load_newest(self.mailbox, self.run, sleep=self.clock.sleep)
+        latest = load_newest(self.mailbox, self.run, sleep=self.clock.sleep,
+                             own=lambda q: self.adapter.snapshot(self.plan[q]))  # fmt: skip
         if not created and not self.resume:
             refuse_resuming(self.raw_mailbox, self.run.run_id, [version for version, _ in latest.values()])
         for _, params in latest.values():
             self.adapter.assign(params)  # a joiner starts from the committed model
         self.rounds = self.algorithm.rounds(len(self.plan))
-        on_device = on_device_of(
-            self.adapter
-        )  # the node's anchors live beside the model, the courier's on host
+        # The node's anchors live beside the model, the courier's on host.
+        on_device = on_device_of(self.adapter)
         self.courier = Courier(
             self.mailbox, self.run, self.algorithm, self.node_id, dict(latest), emit=self._emit,
             status=self._status, poll_seconds=self.poll_seconds, lease_seconds=self.lease_seconds,
@@ -173,7 +176,7 @@ class Session:
             since=self._entered_at,
         )  # fmt: skip
         self.courier.start()
-        self._leases_read_at_join = self.courier.leases_read
+        self._leases_read_at_join = self.courier.leases.reads
         self._state = "open"
         self._announce(created, [version for version, _ in latest.values()])
         self._say_if_plan_reduced()
@@ -241,6 +244,26 @@ class Session:
             raise self.courier.failure
         self.node.step(samples)
 
+    def reset(self) -> None:
+        """Say that the model was changed outside training, e.g. by `model.load_state_dict(...)` (which
+        `Trainer(resume_from_checkpoint=...)` calls) inside the `with` block: otherwise the next contribution
+        would publish the change as one huge pseudo-gradient into everyone's model.
+
+        The synchronized tensors take the newest commits this node holds again (the run's model, as a
+        joiner gets it), and the steps trained since the last sync are dropped (`steps_dropped`);
+        what is not synchronized, optimizer and scheduler state included, stays as loaded. Contributions
+        already published stay in flight and count if merged. The loaded weights themselves are not kept:
+        a node trains the run's model, and every commit aligns it with it again (docs/guide/training.md).
+        Call it between two steps, after the change. Frozen tensors are never sent, so a change that
+        made them differ from the run's raises SchemaMismatch, naming the tensor, and nothing changes."""
+        if self._state != "open":
+            raise SessionStateError(
+                "session.reset() was called outside the Session's `with` block; a model loaded before "
+                "entering needs no reset (joining a run takes its committed model)"
+            )
+        compare_frozen(frozen_of(self.adapter), self.run.frozen)
+        self.node.reset()
+
     # ---- what the communication thread and the user read ---------------------------------------------
 
     def _status(self) -> NodeStatus:
@@ -281,7 +304,9 @@ class Session:
             node=self.node_id, step=state.step, samples=state.samples, versions=state.versions,
             commits_applied=counts["commit_applied"], rounds_merged=counts["round_merged"],
             contributions_sent=counts["contribution_sent"], contributions_late=counts["contribution_late"],
-            contributions_rejected=counts["contribution_rejected"], syncs_deferred=counts["sync_deferred"],
+            contributions_rejected=counts["contribution_rejected"],
+            own_contributions_rejected=counts["own_contribution_rejected"],
+            contributions_refused=counts["contribution_refused"], syncs_deferred=counts["sync_deferred"],
             syncs_skipped=counts["sync_skipped"], steps_replaced=counts["steps_replaced:steps"],
             steps_dropped=counts["steps_dropped:steps"], steps_unconfirmed=counts["steps_unconfirmed:steps"],
             mailbox_errors=counts["mailbox_error"], uploads_failed=counts["upload_failed"],
@@ -331,7 +356,7 @@ class Session:
             )
         settle = self.courier.watch_seconds  # long enough for nodes started with this one to write theirs
         deadline = self._entered_at + 3 * settle
-        while self.courier.leases_read <= self._leases_read_at_join and self.clock.now() < deadline:
+        while self.courier.leases.reads <= self._leases_read_at_join and self.clock.now() < deadline:
             if self.clock.now() >= self._entered_at + settle:
                 self.courier.request_leases()
             self.clock.sleep(min(0.01, settle / 10))
@@ -375,8 +400,3 @@ def _count_of(samples: object) -> int:
 def _default_node_id() -> str:
     host = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-")[:40] or "node"
     return f"{host}-{os.getpid()}"
-
-
-def trusted_view(mailbox: Mailbox, run_key: RunKey | None) -> Mailbox:
-    """With a run key, the mailbox as the protocol sees it: every record signed on write, checked on read."""
-    return mailbox if run_key is None else Signed(mailbox, run_key)

@@ -55,3 +55,34 @@ def test_the_round_keeping_returns_new_states_and_leaves_the_old_ones_as_they_we
     assert held  # a commit of round 1 arriving at the snapshot's step waits for the τ-th step
     after, alignment = rounds.arrive(plan, rounds.advance(state, 4), 0, 1, "merged")
     assert alignment.rule == "carry_overlap" and after.flights[0] is None and state.flights[0] is not None
+
+
+def test_a_reset_drops_the_pending_steps_and_carries_the_contribution_in_flight_whatever_its_fate():
+    # H = 2, one fragment: steps 1-2 are in flight for round 1, step 3 is pending, then the model is reset.
+    plan = sl.DiLoCo(sync_every=2).rounds(1)
+    state = rounds.advance(rounds.advance(rounds.start(plan, [0]), 4), 4)
+    state, due = rounds.take_due(plan, state)
+    state = rounds.advance(state, 4)
+    assert due.publish == (0,) and state.pending_steps(0) == 1
+    reset, dropped = rounds.reset(state)
+    assert dropped == 1 and reset.pending_steps(0) == 0 and reset.flights[0].before_reset
+    # Merged: its steps are the run's; the parameters grew from Θ_old, so the commit is carried.
+    merged, alignment = rounds.arrive(plan, reset, 0, 1, "merged")
+    assert (alignment.rule, alignment.lost, merged.pending_steps(0), merged.flights) == (
+        "carry",
+        0,
+        0,
+        (None,),
+    )
+    # Missed or rejected: the parameters no longer hold its 2 steps, so they are lost, not carried.
+    missed, alignment = rounds.arrive(plan, reset, 0, 1, "rejected")
+    assert (alignment.rule, alignment.late, alignment.lost, missed.pending_steps(0)) == ("carry", None, 2, 0)
+
+
+def test_a_refused_contribution_gives_its_steps_back_unless_made_before_a_reset():
+    plan = sl.DiLoCo(sync_every=2).rounds(1)
+    state, _ = rounds.take_due(plan, rounds.advance(rounds.advance(rounds.start(plan, [0]), 4), 4))
+    back, lost = rounds.refused(state, 0)
+    assert (lost, back.flights, back.pending_steps(0), back.pending_samples(0)) == (0, (None,), 2, 8)
+    gone, lost = rounds.refused(rounds.reset(state)[0], 0)
+    assert (lost, gone.flights, gone.pending_steps(0)) == (2, (None,), 0)

@@ -299,6 +299,18 @@ def test_one_or_two_contributions_are_judged_against_the_largest_recently_merged
     assert norm_outliers({"a": 1.0, "b": 1.0, "c": 15.0}, factor=10, history=[100.0]) == {"c": mock_any()}
 
 
+def test_a_nodes_own_check_judges_by_its_history_and_needs_one():
+    # A node's merged contributions moved 0.5, 2 and 1 per step: 4 steps may reach 10 × 4 × 2 = 80.
+    history = [0.5, 2.0, 1.0]
+    assert robust.beyond_history(80.0, 4, history, 10.0) is None
+    reason = robust.beyond_history(81.0, 4, history, 10.0, whose="this node's")
+    assert reason == ("its Δ's L2 norm 81 is 10.1 times 8, 4 step(s) at the largest norm per step of this "
+                      "node's 3 recently merged contributions, above the limit of 10 times")  # fmt: skip
+    # No history (a first contribution), or only a non-finite one: nothing to judge by, however large.
+    assert robust.beyond_history(1e30, 4, [], 10.0) is None
+    assert robust.beyond_history(1e30, 4, [math.nan], 10.0) is None
+
+
 class mock_any:  # noqa: N801 — equal to any reason string
     def __eq__(self, other: object) -> bool:
         return isinstance(other, str)

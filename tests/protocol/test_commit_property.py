@@ -153,7 +153,12 @@ def check_commits(world: World, history: History) -> None:
             index, commit = history.commits[fragment, round_]
             assert (commit["fragment"], commit["round"]) == (fragment, round_), commit
             named = [written_contribution(history, index, commit, c) for c in commit["contributors"]]
-            assert named, f"commit {fragment}/{round_} names no contributor"
+            if not named:  # every contribution was rejected: the round commits its parent unchanged
+                assert commit["rejected"], f"commit {fragment}/{round_} names no contributor and no rejection"
+                event("a round whose every contribution was rejected committed empty")
+                unchanged = load(world.run, history, "params", fragment, round_, commit["params"])
+                assert all(np.array_equal(unchanged[name], params[name]) for name in params), commit
+                continue
             assert merged.isdisjoint(c["samples"] for c in named), f"commit {fragment}/{round_} merges again"
             merged.update(c["samples"] for c in named)
             params = check_outer_step(world, history, commit, named, params)

@@ -128,12 +128,12 @@ def test_batch_size_is_the_global_batch_shared_by_the_live_nodes_rounded_up():
     with sl.Session(tiny_mlp(), algorithm=algorithm, mailbox=mailbox, node_id="a", poll_seconds=0.01) as a:
         assert a.batch_size == 10
         with sl.Session(tiny_mlp(), algorithm=algorithm, mailbox=mailbox, node_id="b", poll_seconds=0.01):
-            a.courier._observe_leases()
+            a.courier.leases.observe(sweep=False)
             assert a.batch_size == 5
             with sl.Session(tiny_mlp(), algorithm=algorithm, mailbox=mailbox, node_id="c", poll_seconds=0.01):
-                a.courier._observe_leases()
+                a.courier.leases.observe(sweep=False)
                 assert a.batch_size == 4  # ceil(10 / 3)
-        a.courier._observe_leases()  # b and c left cleanly: their leases are gone at once
+        a.courier.leases.observe(sweep=False)  # b and c left cleanly: their leases are gone at once
         assert a.batch_size == 10
 
 

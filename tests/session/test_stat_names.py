@@ -12,6 +12,8 @@ FED_BY = {
     "contributions_sent": ("contribution_sent", False),
     "contributions_late": ("contribution_late", False),
     "contributions_rejected": ("contribution_rejected", False),
+    "own_contributions_rejected": ("own_contribution_rejected", False),
+    "contributions_refused": ("contribution_refused", False),
     "syncs_deferred": ("sync_deferred", False),
     "syncs_skipped": ("sync_skipped", False),
     "steps_replaced": ("steps_replaced", True),

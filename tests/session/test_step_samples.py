@@ -111,7 +111,9 @@ def test_a_node_whose_contribution_is_rejected_carries_its_steps_into_the_next_a
                     thread.start()
                     blown.step(samples=4)
                     thread.join(timeout=30)
-    late = [(e.data["round"], e.data["steps"]) for e in seen if e.kind == "contribution_late"]
+    # The node is told its contribution was rejected, and why (the commit record names it).
+    late = [(e.data["round"], e.data["steps"]) for e in seen if e.kind == "own_contribution_rejected"]
+    assert all("norm" in e.data["reason"] for e in seen if e.kind == "own_contribution_rejected")
     sent = [(e.data["round"], e.data["steps"]) for e in seen if e.kind == "contribution_sent"]
     assert late[:1] == [(1, 2)] and sent[:2] == [(1, 2), (2, 4)]  # round 2 carries round 1's steps
     # Round 2 was rejected too: its 4 steps were carried again and, on leaving, reported as never merged.

@@ -91,7 +91,9 @@ def test_a_commit_without_this_nodes_contribution_carries_its_steps_into_the_nex
     # "fast" leads and closes round 1 alone (quorum 1, grace 0). "slow" polls only when woken, so it
     # snapshots for round 1 before it has seen that commit: its contribution arrives late.
     mailbox, events = sl.MemoryMailbox(), []
-    algorithm = sl.DiLoCo(sync_every=2, outer_lr=1.0, outer_momentum=0.0, grace_seconds=0.0)
+    algorithm = sl.DiLoCo(
+        sync_every=2, outer_lr=1.0, outer_momentum=0.0, grace_seconds=0.0, adaptive_outer=False
+    )
     fast, slow = one_weight_model(), one_weight_model()
     with sl.Session(fast, algorithm=algorithm, mailbox=mailbox, node_id="fast", poll_seconds=0.005) as a:
         _wait_until(lambda: a.courier.leadership.is_leader)

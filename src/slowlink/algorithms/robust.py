@@ -155,23 +155,35 @@ def norm_outliers(
             continue
         others = [other for name, other in norms.items() if name != node and math.isfinite(other)]
         if len(others) >= OUTLIER_MIN_CONTRIBUTIONS - 1:
-            reference, against = (
-                statistics.median(others),
-                f"the median norm of the round's {len(others)} other contributions",
-            )
-        elif per_step := [value for value in history if math.isfinite(value)]:
-            spans = 1 if steps is None else steps.get(node, 1)
-            reference = max(per_step) * spans
-            against = (f"{spans} step(s) at the largest norm per step of the fragment's {len(per_step)} recently "
-                       "merged contributions")  # fmt: skip
+            against = f"the median norm of the round's {len(others)} other contributions"
+            reason = _above(norm, factor, statistics.median(others), against)
         else:
-            continue
-        if reference > 0 and norm > factor * reference:
-            flagged[node] = (
-                f"its Δ's L2 norm {norm:.6g} is {norm / reference:.3g} times {reference:.6g}, {against}, "
-                f"above the limit of {factor:g} times"
-            )
+            spans = 1 if steps is None else steps.get(node, 1)
+            reason = beyond_history(norm, spans, history, factor)
+        if reason is not None:
+            flagged[node] = reason
     return flagged
+
+
+def beyond_history(
+    norm: float, steps: int, history: Sequence[float], factor: float, *, whose: str = "the fragment's"
+) -> str | None:
+    """Why a ‖Δ‖ spanning `steps` steps is too large for `history`, the norms per step of recently merged
+    contributions (`whose` they are, for the reason): above factor × steps × max(history). None if it is
+    within that, or if there is no finite history to judge it by. norm_outliers' rule with one or two
+    contributions, and a node's own check before it publishes (protocol/courier.py)."""
+    per_step = [value for value in history if math.isfinite(value)]
+    if not per_step:
+        return None
+    against = f"{steps} step(s) at the largest norm per step of {whose} {len(per_step)} recently merged contributions"
+    return _above(norm, factor, max(per_step) * steps, against)
+
+
+def _above(norm: float, factor: float, reference: float, against: str) -> str | None:
+    if reference > 0 and norm > factor * reference:
+        return (f"its Δ's L2 norm {norm:.6g} is {norm / reference:.3g} times {reference:.6g}, {against}, "
+                f"above the limit of {factor:g} times")  # fmt: skip
+    return None
 
 
 def bounded_claims(

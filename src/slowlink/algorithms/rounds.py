@@ -17,13 +17,15 @@ from .schedule import due_fragments
 
 class Flight(NamedTuple):
     """A contribution awaiting its commit: its round, the step of its snapshot, what it trained since its
-    anchor, and, for a resumed node that read it from the store, what became of it ("merged" or "missed")."""
+    anchor, for a resumed node that read it from the store, what became of it ("merged" or "missed"), and
+    whether it was made before a reset (its snapshot is then no longer what the parameters grew from)."""
 
     round: int
     snapshot_step: int
     steps: int
     samples: int
     fate: str | None = None
+    before_reset: bool = False
 
 
 class NodeState(NamedTuple):
@@ -62,12 +64,14 @@ class Alignment(NamedTuple):
 
     rule: "stale" (an older commit: nothing), "carry_overlap" (θ ← θ + Θ_new − θ_snapshot), "blend"
     (θ ← α·θ + (1−α)·Θ_new) or "carry" (θ ← θ + Θ_new − Θ_old). `late` is the flight that missed its round,
-    whose steps the next contribution carries; `replaced` the steps a blend partly replaced."""
+    whose steps the next contribution carries; `replaced` the steps a blend partly replaced; `lost` those
+    of a flight made before a reset that missed its round (the parameters no longer hold them)."""
 
     rule: str
     settled: Flight | None = None
     late: Flight | None = None
     replaced: int = 0
+    lost: int = 0
 
 
 def start(rounds: Rounds, versions: list[int]) -> NodeState:
@@ -169,7 +173,10 @@ def arrive(
         flight = None  # still waiting for a later round
     merged = flight is not None and (flight.fate or mine) == "merged"
     step_marks, sample_marks = state.step_marks, state.sample_marks
-    if merged and rounds.mixing is None:
+    if flight is not None and flight.before_reset:
+        # The parameters were set to Θ_old at the reset and grew from there: carry, whatever the flight's fate.
+        alignment = Alignment("carry", settled=flight, lost=0 if merged else flight.steps)
+    elif merged and rounds.mixing is None:
         alignment = Alignment("carry_overlap", settled=flight)
     elif merged:
         alignment = Alignment("blend", settled=flight, replaced=state.pending_steps(fragment))
@@ -187,6 +194,34 @@ def arrive(
         flights=flights,
     )  # fmt: skip
     return state, alignment
+
+
+def refused(state: NodeState, fragment: int) -> tuple[NodeState, int]:
+    """The channel did not publish the fragment's contribution in flight: its steps go back to the pending
+    ones, or, if it was made before a reset, are lost (their count is returned)."""
+    flight = state.flights[fragment]
+    state = state._replace(flights=_put(state.flights, fragment, None))
+    if flight.before_reset:
+        return state, flight.steps
+    return state._replace(
+        step_marks=_put(state.step_marks, fragment, state.step_marks[fragment] - flight.steps),
+        sample_marks=_put(state.sample_marks, fragment, state.sample_marks[fragment] - flight.samples),
+    ), 0
+
+
+def reset(state: NodeState) -> tuple[NodeState, int]:
+    """The node's parameters were set back to its commits (session.reset()): the steps not yet sent are
+    dropped (their count is returned, to be reported), and each contribution in flight is marked as made
+    before the reset, for `arrive`: its commit is carried, and if it does not hold it, its steps are lost."""
+    dropped = dropped_steps(state)
+    fragments = len(state.versions)
+    flights = tuple(
+        None if flight is None else flight._replace(before_reset=True) for flight in state.flights
+    )
+    state = state._replace(
+        step_marks=(state.step,) * fragments, sample_marks=(state.samples,) * fragments, flights=flights
+    )
+    return state, dropped
 
 
 def unsent(state: NodeState) -> list[int]:

@@ -1,5 +1,6 @@
 """What a checkpoint holds of a session: per fragment Δ_local, the pending counts, the contribution in flight
-and the error-feedback residuals, read between two steps on the training thread."""
+(marked if it was made before a session.reset()) and the error-feedback residuals, read between two steps on
+the training thread."""
 
 from ..algorithms.rounds import Flight
 from ..arrays import Arrays, subtract_into
@@ -34,12 +35,14 @@ def capture(session: Session, upload_timeout: float) -> tuple[dict, Arrays]:
             None if flight is None else flight_delta(session, q, flight, outgoing, deadline, upload_timeout)
         )
         if flight is not None and delta is None:  # it never went out: the node carries its steps
-            entry["pending_steps"] += flight.steps
-            entry["pending_samples"] += flight.samples
+            if not flight.before_reset:  # (one made before a reset left the parameters with the reset)
+                entry["pending_steps"] += flight.steps
+                entry["pending_samples"] += flight.samples
         elif flight is not None:
             entry["in_flight"] = {"round": flight.round, "snapshot_step": flight.snapshot_step,
                                   "steps": flight.steps, "samples": flight.samples, "delta": delta,
-                                  "blob": outgoing.blob, "residual": flight_residual is not None}  # fmt: skip
+                                  "blob": outgoing.blob, "residual": flight_residual is not None,
+                                  "before_reset": flight.before_reset}  # fmt: skip
             if delta == "stored":
                 arrays.update(keyed("in_flight", q, outgoing.arrays))
             if flight_residual is not None:
@@ -72,8 +75,8 @@ def flight_delta(
     """Where the in-flight Δ is: "local" when the snapshot is of this very step (Δ_F = Δ_local), "stored" once
     uploaded (the buffer then holds Δ), None when its round committed before it went out. The communication
     thread turns the snapshot into Δ in place while uploading, so in between we wait."""
-    if flight.snapshot_step == session.node.state.step:
-        return "local"
+    if flight.snapshot_step == session.node.state.step and not flight.before_reset:
+        return "local"  # (after a reset at this very step, the parameters are no longer the snapshot)
     while True:
         # Read `latest` before `uploaded`: an upload is marked before the commit of its round is fetched.
         committed = session.courier.latest[q][0] >= flight.round

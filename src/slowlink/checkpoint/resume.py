@@ -48,17 +48,24 @@ def plan_fragment(session: Session, q: int, entry: dict, arrays: Arrays, saved_s
         r = flight["round"]
         flight_delta = delta if flight["delta"] == "local" else group(arrays, "in_flight", q, names)
         flight_residual = group(arrays, "in_flight_residual", q, names) if flight["residual"] else None
+        # Made before a session.reset(): the parameters do not hold its steps, merged or not (rounds.reset).
+        before_reset = flight.get("before_reset") is True
         record = read_commit(mailbox, q, r)
         if record is None:
             stored = stored_contribution(mailbox, q, r, node)
-            restored = Flight(r, flight["snapshot_step"], flight["steps"], flight["samples"])
+            restored = Flight(
+                r, flight["snapshot_step"], flight["steps"], flight["samples"], None, before_reset
+            )
             arrays_ = Outgoing(r, flight_delta, uploaded=True, blob=stored["blob"] if stored else None)
             return Resume(q, delta, steps, samples, residual, restored, arrays_, flight_residual, send_again=not stored,
                           told=f"round {r} in flight" + ("" if stored else ", sent again"))  # fmt: skip
         if contributed(record, node, flight["blob"]):
-            delta = {name: delta[name] - flight_delta[name] for name in names}
+            if not before_reset:
+                delta = {name: delta[name] - flight_delta[name] for name in names}
             residual = flight_residual if flight_residual is not None else residual
             told = f"round {r} merged; "
+        elif before_reset:
+            told = f"round {r} committed without this node, its steps lost with the reset before the save; "
         else:
             steps, samples = steps + flight["steps"], samples + flight["samples"]
             told = f"round {r} committed without this node, its steps carried; "

@@ -33,12 +33,23 @@ class Contribution:
 @dataclass(frozen=True)
 class Arrival:
     """A fragment's newer commit; `mine` says what became of this node's contribution awaiting it:
-    "merged", "missed" (late or rejected), or None if there was none."""
+    "merged", "rejected" (the commit names it rejected, for `rejected`, the merger's reason), "missed"
+    (late), or None if there was none."""
 
     fragment: int
     version: int
     params: Arrays
     mine: str | None
+    rejected: str | None = None
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A contribution the channel did not publish, and why; its steps stay with the node."""
+
+    fragment: int
+    round: int
+    reason: str
 
 
 class Channel(Protocol):
@@ -46,11 +57,11 @@ class Channel(Protocol):
 
     def publish(self, contribution: Contribution) -> None: ...
 
-    def arrivals(self) -> list[Arrival]:
+    def arrivals(self) -> list[Arrival | Refused]:
         """What has arrived since the last call, without waiting."""
         ...
 
-    def gather(self, deadline: float) -> Arrival | None:
+    def gather(self, deadline: float) -> Arrival | Refused | None:
         """Wait for the next arrival until `deadline` on the node's clock; None if none came."""
         ...
 

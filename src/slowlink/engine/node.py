@@ -14,9 +14,9 @@ from ..algorithms.method import Rounds
 from ..algorithms.mixing import carry_change, carry_overlap_change
 from ..arrays import Arrays
 from ..clock import Clock
-from ..errors import ConfigError
+from ..errors import ConfigError, ContributionRefused
 from ..events import Event
-from .channel import Arrival, Channel, Contribution
+from .channel import Arrival, Channel, Contribution, Refused
 
 
 @dataclass
@@ -54,6 +54,7 @@ class Node:
         self.held: list[Arrival] = []  # commits that wait for their τ-th step, in the order they came
         self.step_seconds = 0.0  # moving average of the time between two steps
         self.busy_seconds = 0.0  # spent inside step(), waits included
+        self.refusals: dict[int, ContributionRefused] = {}  # fragment -> why the channel did not publish it
         self._last_step_at: float | None = None
 
     # ---- one step ------------------------------------------------------------------------------------
@@ -64,6 +65,9 @@ class Node:
         while self.waiting():
             self.wait_for_commit(timeout=0.5)
         self.busy_seconds += self.clock.now() - now
+        if self.refusals:  # raised once, after the step is counted: the state is whole, the user may reset()
+            refusals, self.refusals = self.refusals, {}
+            raise next(iter(refusals.values()))
 
     def begin_step(self, samples: int, now: float) -> None:
         """Count the step, apply what has arrived, publish what is due; everything but the τ wait."""
@@ -142,7 +146,10 @@ class Node:
 
     # ---- aligning with a commit (research/algorithms.md §2.3) ----------------------------------------
 
-    def apply(self, arrival: Arrival, *, hold: bool = True) -> None:
+    def apply(self, arrival: Arrival | Refused, *, hold: bool = True) -> None:
+        if isinstance(arrival, Refused):
+            self._refused(arrival)
+            return
         fragment = arrival.fragment
         if hold and (
             any(other.fragment == fragment for other in self.held)  # commits of a fragment apply in order
@@ -169,16 +176,72 @@ class Node:
                                 {"steps": alignment.replaced}))  # fmt: skip
         else:  # θ ← θ + (Θ_new − Θ_old): keep every local step; the next contribution carries them
             self.adapter.shift(carry_change(anchor, arrival.params))
-            if (late := alignment.late) is not None:
+            if (late := alignment.late) is not None and arrival.mine == "rejected":
+                self.emit(Event("own_contribution_rejected", self.node_id,
+                                f"fragment {fragment} round {late.round} was committed without this node's "
+                                f"contribution, which the merger rejected: {arrival.rejected}. Its {late.steps} "
+                                "steps go into the next one (if this node's model was changed outside training, "
+                                "e.g. by load_state_dict, call session.reset())",
+                                {"fragment": fragment, "round": late.round, "steps": late.steps,
+                                 "reason": arrival.rejected}))  # fmt: skip
+            elif late is not None:
                 self.emit(Event("contribution_late", self.node_id,
                                 f"fragment {fragment} round {late.round} was committed without this node's "
                                 f"contribution; its {late.steps} steps go into the next one",
                                 {"fragment": fragment, "round": late.round, "steps": late.steps}))  # fmt: skip
+        if alignment.lost:
+            why = f"was rejected ({arrival.rejected})" if arrival.mine == "rejected" else "missed its round"
+            self.emit(Event("steps_dropped", self.node_id,
+                            f"fragment {fragment} round {alignment.settled.round}: the contribution made before "
+                            f"session.reset() {why}; its {alignment.lost} steps are no longer in the model",
+                            {"steps": alignment.lost}))  # fmt: skip
         if alignment.settled is not None:
             self.outgoing.pop(fragment, None)
         self.anchors[fragment] = (arrival.version, arrival.params)
         self.emit(Event("commit_applied", self.node_id, f"fragment {fragment} now at round {arrival.version}",
                         {"fragment": fragment, "round": arrival.version}))  # fmt: skip
+
+    def _refused(self, refusal: Refused) -> None:
+        """The channel did not publish a contribution (its Δ is far outside this node's history): free its
+        slot, keep its steps, and raise at the end of the step, naming the fixes."""
+        fragment = refusal.fragment
+        flight = self.state.flights[fragment]
+        if flight is None or flight.round != refusal.round:
+            return  # a commit of its round came first and settled it
+        self.state, lost = rounds_.refused(self.state, fragment)
+        self.outgoing.pop(fragment, None)
+        if lost:
+            self.emit(Event("steps_dropped", self.node_id,
+                            f"fragment {fragment}: the contribution made before session.reset() was not published; "
+                            f"its {lost} steps are no longer in the model", {"steps": lost}))  # fmt: skip
+            return
+        self.refusals[fragment] = ContributionRefused(
+            f"fragment {fragment}'s contribution after local step {flight.snapshot_step} was not published: "
+            f"{refusal.reason}. The model moved far more than this node's training moves it: if it was "
+            "changed outside training (model.load_state_dict, Trainer(resume_from_checkpoint=...)), call "
+            "session.reset() after the change, or load before entering the Session; if training moved it this "
+            "far (a learning rate raised tenfold), raise the method's max_norm_ratio or set it to None. Its "
+            f"{flight.steps} steps are kept for the next sync (session.reset() drops them)"
+        )
+
+    def reset(self) -> None:
+        """The model was changed outside training: its parameters take the commits this node holds again,
+        the steps not yet sent are dropped, and contributions in flight are carried (rounds.reset)."""
+        self.state, dropped = rounds_.reset(self.state)
+        self.refusals.clear()  # the change they were refused for is gone
+        self.adapter.assign(
+            {name: values for _, params in self.anchors.values() for name, values in params.items()}
+        )
+        if dropped:
+            self.emit(Event("steps_dropped", self.node_id,
+                            f"session.reset(): {dropped} fragment-steps trained since the last sync were dropped "
+                            "with the model's change", {"steps": dropped}))  # fmt: skip
+        versions = list(self.state.versions)
+        in_flight = [(q, flight.round) for q, flight in enumerate(self.state.flights) if flight is not None]
+        self.emit(Event("reset", self.node_id,
+                        f"the model took the run's commits {versions} again after a change outside training"
+                        + (f"; contributions to (fragment, round) {in_flight} are still in flight" if in_flight else ""),
+                        {"versions": versions, "steps": dropped}))  # fmt: skip
 
     # ---- leaving -------------------------------------------------------------------------------------
 
@@ -199,6 +262,8 @@ class Node:
         meanwhile go out on the next call)."""
         if self.rounds.flush_on_close:
             for fragment in rounds_.unsent(self.state):
+                if fragment in self.refusals:
+                    continue  # refused once already: its Δ has not changed since
                 self.state = rounds_.send(self.state, fragment)
                 self._publish(fragment, final=True)
 

@@ -51,6 +51,8 @@ class TorchAdapter:
         everything = {**parameters, **buffers}
         chosen = _choose(parameters, buffers, params)
         self.tensors = {name: t for name, t in everything.items() if name in chosen}
+        # Running statistics move with the data, not with training: merged, but left out of norm checks.
+        self.statistics = sorted(chosen & buffers.keys())
         self.frozen_tensors = {
             name: p for name, p in parameters.items() if name not in chosen and not p.requires_grad
         }

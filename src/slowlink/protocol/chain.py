@@ -50,14 +50,17 @@ def _load_fragment(mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: 
     return arrays
 
 
-def newest_params(mailbox: Mailbox, run: Run, fragment: int, version: int) -> tuple[int, Arrays]:
+def newest_params(
+    mailbox: Mailbox, run: Run, fragment: int, version: int, own: Arrays | None = None
+) -> tuple[int, Arrays]:
     """The parameters of `fragment` at `version` (0 is the run's initial model), and the version. If that
     commit cannot be rebuilt (its blobs collected meanwhile, or deleted), the newest older commit still kept
-    stands in: the node then trains from it and catches up with the next commit it fetches."""
+    stands in: the node then trains from it and catches up with the next commit it fetches. own: this
+    node's parameters, which stand for the initial model without a download when they are it."""
     reasons = []
     for candidate in range(version, max(-1, version - KEEP_COMMITS - 1), -1):
         try:
-            return candidate, params_at(mailbox, run, fragment, candidate)
+            return candidate, params_at(mailbox, run, fragment, candidate, own=own)
         except PayloadError as error:
             reasons.append(f"round {candidate}: {error}")
     raise PayloadError(
@@ -66,14 +69,25 @@ def newest_params(mailbox: Mailbox, run: Run, fragment: int, version: int) -> tu
     )
 
 
-def params_at(mailbox: Mailbox, run: Run, fragment: int, version: int, record: dict | None = None) -> Arrays:
+def params_at(
+    mailbox: Mailbox,
+    run: Run,
+    fragment: int,
+    version: int,
+    record: dict | None = None,
+    own: Arrays | None = None,
+) -> Arrays:
     """The parameters of commit `version`: the newest snapshot at or before it, plus the changes since, each
     step checked against the digest its commit names. At most MAX_CHAIN commits are read; `record`, the
-    commit's record when the caller has just read it, is not read again."""
+    commit's record when the caller has just read it, is not read again; `own`, the node's own parameters,
+    stand for the initial model (which a chain may start from) when their digest is its blob's."""
     chain = commit_chain(mailbox, fragment, version, record)
     first, record = chain[0]
     sha = run.initial[fragment] if record is None else record["params"]
-    params = load_params(mailbox, run, fragment, first, sha)
+    if record is None and own is not None and _is_initial(run, fragment, own):
+        params = own  # most nodes start from the same seed: the creator, always
+    else:
+        params = load_params(mailbox, run, fragment, first, sha)
     for round_, record in chain[1:]:
         params = apply_change(mailbox, run, fragment, round_, params, record)
     return params
@@ -125,11 +139,20 @@ def newest_snapshot(mailbox: Mailbox, fragment: int, version: int) -> tuple[int,
     return commit_chain(mailbox, fragment, version)[0]
 
 
+def _is_initial(run: Run, fragment: int, own: Arrays) -> bool:
+    if set(own) != set(run.plan[fragment]):
+        return False
+    header = run.expect(kind="params", fragment=fragment, round=0)
+    return payload.digest_of(own, header) == run.initial[fragment]
+
+
 def load_newest(
-    mailbox: Mailbox, run: Run, sleep: Callable[[float], None] = time.sleep
-) -> dict[int, tuple[int, Arrays]]:
+    mailbox: Mailbox, run: Run, sleep: Callable[[float], None] = time.sleep,
+    own: Callable[[int], Arrays] | None = None,
+) -> dict[int, tuple[int, Arrays]]:  # fmt: skip
     """The newest commit of every fragment that can be loaded: head.json, then per fragment a probe for
-    commits after the one it names, that commit and its blob. A constant number of requests."""
+    commits after the one it names, that commit and its blob. A constant number of requests. own(q): this
+    node's parameters of fragment q, used instead of the initial model's blob when they are the same."""
     for attempt in range(JOIN_ATTEMPTS):
         try:
             versions, _ = read_head(mailbox, len(run.plan))
@@ -138,7 +161,7 @@ def load_newest(
         assert versions is not None
         try:
             return {
-                q: newest_params(mailbox, run, q, probe_newest(mailbox, q, version))
+                q: newest_params(mailbox, run, q, probe_newest(mailbox, q, version), own(q) if own else None)
                 for q, version in enumerate(versions)
             }
         except PayloadError:

@@ -18,7 +18,7 @@ from ..algorithms.method import Method
 from ..algorithms.robust import l2_norm
 from ..arrays import Arrays, subtract_into
 from ..clock import REAL, Clock
-from ..engine.channel import Arrival, Contribution
+from ..engine.channel import Arrival, Contribution, Refused
 from ..errors import MailboxError, PayloadError, TrainingDiverged
 from ..events import Event
 from ..mailbox.contract import Mailbox
@@ -31,6 +31,7 @@ from .leader import Leadership
 from .leases import Leases
 from .leases import beat_seconds as beat_interval
 from .merger import Merger
+from .own_norms import OwnNorms
 from .run import Run, advance_head, probe_newest, read_commit, read_head
 
 BACKOFF = 1.25  # each turn without news waits this much longer: news is seen late by at most a quarter
@@ -93,6 +94,7 @@ class Courier:
         # fragment -> (round, payload sha) of this node's contribution awaiting its commit: the sha tells this
         # contribution from one of an earlier life of the node under the same id.
         self.sent: dict[int, tuple[int, str]] = {}
+        self.own_norms = OwnNorms(method.rounds(len(run.plan)).max_norm_ratio)  # refuses a Δ far beyond them
         self._unsent: Contribution | None = None  # an upload that failed, tried again on the next turn
         self.head = [version for version, _ in (latest[q] for q in range(len(run.plan)))]
         self._head_etag: str | None = None
@@ -106,7 +108,7 @@ class Courier:
     def start(self) -> None:
         self._started_at = self.clock.now()
         self._beat_lease()
-        self._observe_leases()
+        self.leases.observe(sweep=self.leadership.is_leader)
         self._thread.start()
 
     def request_leases(self) -> None:
@@ -169,12 +171,8 @@ class Courier:
             self.clock.now() - self.leases.observed_at >= self.watch_seconds
             or self.leases.observed_at - self._started_at < self.watch_seconds
         ):
-            self._observe_leases()
+            self.leases.observe(sweep=self.leadership.is_leader)
         return self.leases.live()
-
-    @property
-    def leases_read(self) -> int:
-        return self.leases.reads
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
@@ -210,7 +208,9 @@ class Courier:
             self._beat_lease()
         if self._leases_wanted.is_set() or now - self.leases.observed_at >= self.observe_seconds:
             self._leases_wanted.clear()
-            self._observe_leases()  # the merger also reads them when a round could close (live_nodes)
+            self.leases.observe(
+                sweep=self.leadership.is_leader
+            )  # the merger also reads them when a round could close (live_nodes)
         # A follower reads leader.json once a beat, or every watch_seconds while it awaits a commit: a
         # merger that left or died is replaced soon when someone needs it, cheaply when nobody does.
         watch = self.watch_seconds if self.sent else self.beat_seconds
@@ -253,6 +253,8 @@ class Courier:
         round_ = item.base + 1
         if item.prepared is None:
             item.prepared = self._prepare(item, round_)
+            if item.prepared is None:
+                return  # refused: never published
         data, sha, norm = item.prepared
         record = {
             "node": self.node_id,
@@ -269,6 +271,7 @@ class Courier:
         # Awaited from before the record's PUT: if it lands with its answer lost, the commit naming it is ours.
         self.sent[item.fragment] = (round_, sha)
         self._news = True
+        self.own_norms.sent(item.fragment, norm, item.steps)
         self.mailbox.put(keys.contribution_payload(item.fragment, round_, self.node_id, sha), data)
         self.mailbox.put(keys.contribution(item.fragment, round_, self.node_id), records.encode(record))
         if self.leadership.is_leader:  # it merges this round itself: no need to read back what it wrote
@@ -278,14 +281,22 @@ class Courier:
                         {"fragment": item.fragment, "round": round_, "step": item.step, "steps": item.steps,
                          "bytes": len(data), "blob": sha}))  # fmt: skip
 
-    def _prepare(self, item: Contribution, round_: int) -> tuple[bytes, str, float]:
+    def _prepare(self, item: Contribution, round_: int) -> tuple[bytes, str, float] | None:
         # Δ = θ_anchor − θ_local in the snapshot's own buffers, where they are (the model's device), here on
         # the communication thread: no second copy of the fragment. The snapshot is the node's record of the
         # contribution too: it holds Δ from now on.
         delta = item.snapshot
         for name, values in delta.items():
             subtract_into(item.anchor[name], values)
-        norm = l2_norm(delta)  # reported, so the merger can judge each contribution against the others
+        norm = l2_norm(
+            self.run.judged(delta)
+        )  # reported, so the merger can judge each contribution against the others
+        if (reason := self.own_norms.judge(item.fragment, norm, item.steps)) is not None:
+            self.emit(Event("contribution_refused", self.node_id, f"fragment {item.fragment} round {round_}: "
+                            f"{reason}; not published", {"fragment": item.fragment, "round": round_,
+                            "steps": item.steps, "reason": reason}))  # fmt: skip
+            self.inbox.put(Refused(item.fragment, round_, reason))  # the training thread raises it
+            return None
         header = self.run.expect(kind="delta", fragment=item.fragment, round=round_, node=self.node_id)
         try:
             data = self._encode(item.fragment, delta, header)
@@ -340,33 +351,35 @@ class Courier:
     def _deliver(self, fragment: int, version: int, params: Arrays, record: dict) -> None:
         # The fate first: it may read the store, and if that fails nothing has changed, so the next turn
         # delivers this commit again instead of losing what became of this node's contribution.
-        mine = self._fate_of_mine(fragment, version, record)
+        mine, rejected = self._fate_of_mine(fragment, version, record)
         self._news = True
         self.latest[fragment] = (version, params)
-        self.inbox.put(Arrival(fragment, version, self.on_device(params), mine))
+        self.inbox.put(Arrival(fragment, version, self.on_device(params), mine, rejected))
 
-    def _fate_of_mine(self, fragment: int, version: int, record: dict) -> str | None:
+    def _fate_of_mine(self, fragment: int, version: int, record: dict) -> tuple[str | None, str | None]:
+        """(What became of this node's contribution awaiting it, the merger's reason if it was rejected.)"""
         awaited = self.sent.get(fragment)
         if awaited is None or awaited[0] > version:
-            return None
+            return None, None
         round_, sha = awaited
         if round_ != version:
-            record = read_commit(self.mailbox, fragment, round_) or {"contributors": []}
+            record = read_commit(self.mailbox, fragment, round_) or {"contributors": [], "rejected": []}
         del self.sent[fragment]
         merged = any(c.get("node") == self.node_id and c.get("blob") == sha for c in record["contributors"])
         residual = self.residual_in_flight.pop(fragment, None)
         if merged and residual is not None:
             self.residual[fragment] = residual  # what this contribution's encoding lost goes into the next
-        return "merged" if merged else "missed"
+        self.own_norms.settled(fragment, merged)
+        if merged:
+            return "merged", None
+        reasons = [r["reason"] for r in record["rejected"] if r.get("node") == self.node_id]
+        return ("rejected", reasons[0]) if reasons else ("missed", None)
 
     def _beat_lease(self) -> None:
         status = self.status()
         self.leases.beat({"step": status.step, "samples": status.samples, "step_seconds": status.step_seconds,
                           "versions": [self.latest[q][0] for q in range(self.fragments)],
                           "leader": self.leadership.is_leader})  # fmt: skip
-
-    def _observe_leases(self) -> None:
-        self.leases.observe(sweep=self.leadership.is_leader)
 
     def _recover_head(self) -> None:
         """A new leader finishes what a crashed one left: commits written but not yet in head.json."""

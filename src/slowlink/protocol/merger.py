@@ -3,8 +3,9 @@ accepted ones, applies the outer optimizer and commits. The commit is create-onc
 can never commit a round twice: the loser adopts the winner's record.
 
 A round closes when every live node has contributed, or when `quorum_size` contributions are in and the
-grace window since the quorum has passed. Contributions are streamed into the merge one at a time. What a
-commit leaves to tidy is done every few seconds (housekeeping.py).
+grace window since the quorum has passed; one whose every contribution is rejected commits empty once every
+live node has reported. Contributions are streamed into the merge one at a time. What a commit leaves to
+tidy is done every few seconds (housekeeping.py).
 """
 
 import math
@@ -163,11 +164,16 @@ class Merger:
         """Closing before the quorum and grace say so needs every live node to have reported, on a fresh
         view of the leases: read only when the view at hand says the round could close, so that waiting
         for a node costs no reads."""
-        if not current.accepted:
-            return False
         reported = set(current.accepted) | set(current.rejected)
+        every_live_node_reported = (
+            bool(reported) and live_nodes(False) <= reported and live_nodes(True) <= reported
+        )
+        if not current.accepted:
+            # Every contribution so far was rejected: once every live node has reported, the round commits
+            # empty, and each rejected node learns from that commit why, and carries its steps on.
+            return every_live_node_reported
         if current.quorum_at is None:  # short of the quorum, only every live node's report closes it
-            return live_nodes(False) <= reported and live_nodes(True) <= reported
+            return every_live_node_reported
         grace = rounds_.grace_seconds(
             self.rounds, [record["step_seconds"] for record in current.accepted.values()]
         )
@@ -189,7 +195,7 @@ class Merger:
         for node, record in sorted(current.accepted.items()):
             try:
                 delta = self._load_contribution(fragment, current.round, node, record["blob"])
-                current.norms[node] = norm = l2_norm(delta)
+                current.norms[node] = norm = l2_norm(self.run.judged(delta))
                 self._judge_norm(node, norm, reported, history, anchor_norm, current.steps[node])
             except PayloadError as error:
                 self._reject(current, node, str(error))
@@ -294,18 +300,29 @@ class Merger:
         version = current.round - 1
         state = self._outer_state(fragment, version, anchor)
         weights = self._weights(current)
-        # An overflow is caught below, as a non-finite result, and has its own reason: numpy need not warn.
-        with np.errstate(over="ignore", invalid="ignore"):
-            try:
-                delta = self.method.combine(self._contributions(fragment, current, l2_norm(anchor), weights))
-            except ValueError:
-                return None  # every payload failed its checks; the round stays open for others
-            accepted = dict(current.accepted)  # what the merge consumed, less the payloads it rejected
-            flush_only = all(record["final"] for record in accepted.values())
-            shape = rounds_.round_shape(self.rounds, fragment, current.round, contributors=len(accepted), live=len(live | set(accepted)),
-                                        steps=[current.steps[node] for node in accepted])  # fmt: skip
-            params, state = self.method.outer_step(delta, state, anchor, flush_only=flush_only, shape=shape)
-        del delta  # one fragment less held while the commit is written
+        if not current.accepted:  # every contribution was rejected: the anchor, unchanged, no outer step
+            accepted, flush_only, params = {}, False, dict(anchor)
+            shape = rounds_.round_shape(
+                self.rounds, fragment, current.round, contributors=0, live=len(live), steps=[]
+            )
+        else:
+            # An overflow is caught below, as a non-finite result, with its own reason: numpy need not warn.
+            with np.errstate(over="ignore", invalid="ignore"):
+                try:
+                    delta = self.method.combine(
+                        self._contributions(fragment, current, l2_norm(self.run.judged(anchor)), weights)
+                    )
+                except ValueError:
+                    return None  # every payload failed its checks: the round closes empty once all reported
+                accepted = dict(current.accepted)  # what the merge consumed, less the payloads it rejected
+                flush_only = all(record["final"] for record in accepted.values())
+                shape = rounds_.round_shape(self.rounds, fragment, current.round, contributors=len(accepted),
+                                            live=len(live | set(accepted)),
+                                            steps=[current.steps[node] for node in accepted])  # fmt: skip
+                params, state = self.method.outer_step(
+                    delta, state, anchor, flush_only=flush_only, shape=shape
+                )
+            del delta  # one fragment less held while the commit is written
         if not _finite(params) or not _finite(state):
             # Each payload was finite, but together they overflow: leave out the largest, try again next turn.
             largest = max(accepted, key=lambda node: current.norms.get(node, 0.0))

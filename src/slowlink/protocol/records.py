@@ -195,6 +195,7 @@ RUN_FIELDS = {
     "initial": ListOf(SHA256),  # each fragment's initial parameters
     "key_id": Omittable(Maybe(Text())),
     "frozen": Omittable(ListOf(Row(Text(), SHAPE, Text(), SHA256))),  # tensors never sent, checked at join
+    "statistics": Omittable(ListOf(Text())),  # floating-point buffers: merged, left out of norm checks
 }
 HEAD_FIELDS = {"versions": ListOf(COUNT)}
 # A leader that leaves writes node "" and beat -1: the lease is vacant.

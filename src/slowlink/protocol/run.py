@@ -36,6 +36,7 @@ class Run:
     initial: list[str]  # blob sha256 of each fragment's initial parameters (version 0)
     key_id: str | None = None  # names the run key every record is signed with; None for an unsigned run
     frozen: list = field(default_factory=list)  # [name, shape, dtype, sha256] of each tensor never sent
+    statistics: list = field(default_factory=list)  # floating-point buffers, synchronized but not norm-judged
 
     def fragment_bytes(self, fragment: int) -> int:
         shapes = {name: shape for name, shape, _ in self.schema}
@@ -49,6 +50,12 @@ class Run:
     def max_payload_bytes(self, fragment: int) -> int:
         # float32 values plus headers, scales and slack; anything larger is not an honest payload.
         return 2 * self.fragment_bytes(fragment) + (1 << 20)
+
+    def judged(self, arrays: Arrays) -> Arrays:
+        """The tensors whose norm judges a contribution: all but the running statistics (BatchNorm's move
+        with the data's scale, far more than any weight), unless a fragment holds nothing else."""
+        judged = {name: values for name, values in arrays.items() if name not in self.statistics}
+        return judged or arrays
 
     def expect(self, **fields: object) -> dict[str, object]:
         return {"run": self.run_id, "schema": self.schema_digest, **fields}
@@ -84,7 +91,7 @@ def read_run(mailbox: Mailbox) -> Run | None:
     if not isinstance(key_id, str | None):
         raise PayloadError(f"{keys.RUN} field 'key_id' is not a key id")
     return Run(record["run_id"], record["config"], schema, record["schema_digest"], record["plan"],
-               record["initial"], key_id, record.get("frozen", []))  # fmt: skip
+               record["initial"], key_id, record.get("frozen", []), record.get("statistics", []))  # fmt: skip
 
 
 def open_run(
@@ -97,6 +104,7 @@ def open_run(
     initial: Callable[[], list[Arrays]],
     key_id: str | None = None,
     frozen: list | None = None,
+    statistics: list | None = None,
 ) -> tuple[Run, bool]:
     """Join the run in `mailbox`, creating it from `initial()` if there is none. Returns (run, created).
     key_id: the id of the run key this node signs with (its mailbox is then `trust.Signed`), or None.
@@ -121,10 +129,13 @@ def open_run(
             "initial": shas,
             "key_id": key_id,
             **({"frozen": frozen} if frozen else {}),  # absent when there are none: run.json as it was
+            **({"statistics": statistics} if statistics else {}),
         }
         try:
             mailbox.put(keys.RUN, records.encode(record), if_absent=True)
-            return Run(run_id, config, schema, schema_digest, plan, shas, key_id, frozen), True
+            return Run(
+                run_id, config, schema, schema_digest, plan, shas, key_id, frozen, statistics or []
+            ), True
         except PreconditionFailed:
             existing = read_run(mailbox)
             assert existing is not None

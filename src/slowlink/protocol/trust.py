@@ -148,3 +148,8 @@ class Signed:
 
     def __getattr__(self, name: str):  # counters of the wrapped mailbox (requests, bytes) stay readable
         return getattr(self.inner, name)
+
+
+def trusted_view(mailbox: Mailbox, run_key: RunKey | None) -> Mailbox:
+    """With a run key, the mailbox as the protocol sees it: every record signed on write, checked on read."""
+    return mailbox if run_key is None else Signed(mailbox, run_key)

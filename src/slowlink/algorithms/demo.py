@@ -1,0 +1,248 @@
+"""DeMo's math (research/algorithms.md §6.1): a chunked orthonormal transform of each tensor, top-k per chunk,
+error feedback, the sparse average of every node's coefficients, and the direction of the sign step.
+Torch tensors on the parameters' device (the transform is two batched matrix products); no I/O, no state
+beyond what DeMoState holds. The exchange between the two halves (compress, direction) is the caller's.
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+TRANSFORMS = ("dct", "identity", "random")
+SPARSE_AVERAGES = ("contributors", "all")
+VALUES = ("f32", "bf16", "2bit", "sign")
+VALUE_SCALES = ("tensor", "chunk")
+# The 2-bit levels, as multiples of the group's scale s = max|v|: uniform over [−s, s], no zero (top-k values
+# are the largest of their chunk). float32 constants, so numpy and torch give the same products.
+TWO_BIT_LEVELS = (-1.0, -1.0 / 3.0, 1.0 / 3.0, 1.0)
+
+
+class ChunkLayout(NamedTuple):
+    """A tensor seen as a (rows, cols) matrix cut into h×w chunks. 0-d and 1-d tensors are one row (h = 1);
+    a tensor of 3 or more dimensions keeps its first and flattens the rest (a conv weight: out × in·kh·kw)."""
+
+    shape: tuple[int, ...]
+    rows: int
+    cols: int
+    h: int
+    w: int
+
+    @property
+    def chunks(self) -> int:
+        return (self.rows // self.h) * (self.cols // self.w)
+
+    @property
+    def chunk_numel(self) -> int:
+        return self.h * self.w
+
+
+def largest_divisor_at_most(n: int, limit: int) -> int:
+    """The chunk length of a dimension of n: its largest divisor ≤ limit (n itself when n ≤ limit)."""
+    return next(d for d in range(min(n, limit), 0, -1) if n % d == 0)
+
+
+def layout_of(shape: tuple[int, ...], chunk: int) -> ChunkLayout:
+    rows = shape[0] if len(shape) >= 2 else 1
+    cols = math.prod(shape[1:]) if len(shape) >= 2 else math.prod(shape)
+    return ChunkLayout(
+        tuple(shape), rows, cols, largest_divisor_at_most(rows, chunk), largest_divisor_at_most(cols, chunk)
+    )
+
+
+def to_chunks(x: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """(chunks, h, w): chunk (i, j) of the matrix is row i·(cols/w) + j."""
+    r, c, h, w = layout.rows // layout.h, layout.cols // layout.w, layout.h, layout.w
+    return x.reshape(r, h, c, w).permute(0, 2, 1, 3).reshape(-1, h, w)
+
+
+def from_chunks(blocks: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    r, c, h, w = layout.rows // layout.h, layout.cols // layout.w, layout.h, layout.w
+    return blocks.reshape(r, c, h, w).permute(0, 2, 1, 3).reshape(layout.shape)
+
+
+@lru_cache(maxsize=64)
+def dct_matrix(n: int) -> torch.Tensor:
+    """Orthonormal DCT-II, float64 on the CPU: C[k, j] = √(2/n)·c_k·cos(π(2j+1)k / 2n), c_0 = 1/√2."""
+    k, j = torch.arange(n, dtype=torch.float64)[:, None], torch.arange(n, dtype=torch.float64)[None, :]
+    matrix = math.sqrt(2.0 / n) * torch.cos(math.pi * (2 * j + 1) * k / (2 * n))
+    matrix[0] /= math.sqrt(2.0)
+    return matrix
+
+
+def random_orthonormal(n: int, seed: int, step: int, axis: int) -> torch.Tensor:
+    """A Haar-random orthonormal n×n matrix, float64 on the CPU, the same on every node for (seed, step)."""
+    state = np.random.SeedSequence([seed, step, n, axis]).generate_state(2, np.uint64)
+    generator = torch.Generator().manual_seed(int(state[0] >> np.uint64(1)))
+    q, r = torch.linalg.qr(torch.randn(n, n, generator=generator, dtype=torch.float64))
+    return q * torch.sign(torch.diagonal(r))  # the sign fix that makes QR's Q Haar-distributed
+
+
+class Basis(NamedTuple):
+    """The separable transform of one layout: Y = rows · X · colsᵀ for each h×w chunk X."""
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+
+
+def basis_of(layout: ChunkLayout, transform: str, *, seed: int, step: int, like: torch.Tensor) -> Basis:
+    def one(n: int, axis: int) -> torch.Tensor:
+        if transform == "dct":
+            matrix = dct_matrix(n)
+        elif transform == "random":
+            matrix = random_orthonormal(n, seed, step, axis)
+        else:
+            matrix = torch.eye(n, dtype=torch.float64)
+        return matrix.to(dtype=like.dtype, device=like.device)
+
+    return Basis(one(layout.h, 0), one(layout.w, 1))
+
+
+def forward(x: torch.Tensor, layout: ChunkLayout, basis: Basis) -> torch.Tensor:
+    """(chunks, h·w) coefficients of x: every chunk at once, as two batched matrix products."""
+    return (basis.rows @ to_chunks(x, layout) @ basis.cols.T).reshape(layout.chunks, -1)
+
+
+def inverse(coefficients: torch.Tensor, layout: ChunkLayout, basis: Basis) -> torch.Tensor:
+    """The tensor whose forward() is `coefficients` (the bases are orthonormal: the inverse is the transpose)."""
+    blocks = coefficients.reshape(-1, layout.h, layout.w)
+    return from_chunks(basis.rows.T @ blocks @ basis.cols, layout)
+
+
+class Sparse(NamedTuple):
+    """Coefficients kept per chunk: chunk-local indices in [0, h·w) and their values, both (…, chunks, k)."""
+
+    indices: torch.Tensor
+    values: torch.Tensor
+
+
+def top_k(coefficients: torch.Tensor, k: int) -> Sparse:
+    """The k largest |coefficients| of each chunk (all of them when the chunk holds k or fewer)."""
+    picked = coefficients.abs().topk(min(k, coefficients.shape[1]), dim=1, sorted=True).indices
+    return Sparse(picked, coefficients.gather(1, picked))
+
+
+def scatter(sparse: Sparse, chunk_numel: int) -> torch.Tensor:
+    """Dense (chunks, h·w) coefficients, zero where nothing was kept."""
+    dense = sparse.values.new_zeros(sparse.values.shape[0], chunk_numel)
+    return dense.scatter_(1, sparse.indices, sparse.values)
+
+
+def sparse_average(gathered: Sparse, chunk_numel: int, how: str) -> torch.Tensor:
+    """Every node's coefficients (indices and values (M, chunks, k)) averaged into dense (chunks, h·w):
+    over the nodes that picked each coefficient ("contributors", the code's rule) or over all M ("all")."""
+    nodes, chunks, k = gathered.values.shape
+    indices = gathered.indices.permute(1, 0, 2).reshape(chunks, nodes * k)
+    values = gathered.values.permute(1, 0, 2).reshape(chunks, nodes * k)
+    total = values.new_zeros(chunks, chunk_numel).scatter_add_(1, indices, values)
+    if how == "all":
+        return total / max(nodes, 1)
+    counts = values.new_zeros(chunks, chunk_numel).scatter_add_(1, indices, torch.ones_like(values))
+    return total / counts.clamp(min=1.0)
+
+
+def _group_reduce(magnitudes: torch.Tensor, scale: str, reduce: str) -> torch.Tensor:
+    if scale == "chunk":
+        reduced = magnitudes.amax(1, keepdim=True) if reduce == "max" else magnitudes.mean(1, keepdim=True)
+    else:
+        reduced = magnitudes.amax() if reduce == "max" else magnitudes.mean()
+    return reduced.to(torch.bfloat16).to(magnitudes.dtype)  # a bf16 scale: 2 bytes on the wire
+
+
+def quantize(values: torch.Tensor, how: str, scale: str = "tensor") -> torch.Tensor:
+    """The values as the wire carries them (wire/sparse.py packs exactly these): "f32" as they are, "bf16"
+    rounded to nearest even, "2bit" on TWO_BIT_LEVELS·s with s = max|v|, "sign" as ±s with s = mean|v|
+    (s per tensor or per chunk, itself rounded to bf16)."""
+    if how == "f32":
+        return values
+    if how == "bf16":
+        return values.to(torch.bfloat16).to(values.dtype)
+    if how == "sign":
+        s = _group_reduce(values.abs(), scale, "mean")
+        return torch.where(values >= 0, s, -s)
+    s = _group_reduce(values.abs(), scale, "max")
+    codes = torch.round((values / torch.where(s > 0, s, 1.0) + 1.0) * 1.5).clamp(0, 3).long()
+    return torch.tensor(TWO_BIT_LEVELS, dtype=values.dtype, device=values.device)[codes] * s
+
+
+def refusal(gathered: Sparse, layout: ChunkLayout, k: int) -> str | None:
+    """Why one node's coefficients (indices and values (chunks, k)) cannot be averaged, or None."""
+    expected = (layout.chunks, min(k, layout.chunk_numel))
+    if tuple(gathered.indices.shape) != expected or tuple(gathered.values.shape) != expected:
+        return f"{tuple(gathered.indices.shape)} coefficients where {expected} (chunks, k) were expected"
+    if bool(((gathered.indices < 0) | (gathered.indices >= layout.chunk_numel)).any()):
+        return f"an index outside [0, {layout.chunk_numel}) of its chunk"
+    ordered = gathered.indices.sort(dim=1).values
+    if bool((ordered[:, 1:] == ordered[:, :-1]).any()):
+        return "the same index twice in one chunk"
+    if not bool(torch.isfinite(gathered.values).all()):
+        return "a NaN or infinite value"
+    return None
+
+
+@dataclass(frozen=True)
+class DeMoState:
+    """The momentum m of each tensor (float32, the tensor's shape) and the steps completed."""
+
+    momentum: dict[str, torch.Tensor]
+    step: int
+
+
+class DeMoMath(NamedTuple):
+    init: Callable[[dict[str, torch.Tensor]], DeMoState]
+    compress: Callable[..., tuple[dict[str, Sparse], DeMoState]]
+    direction: Callable[..., tuple[dict[str, torch.Tensor], DeMoState]]
+
+
+def demo_math(
+    *,
+    compression_decay: float,
+    topk: int,
+    chunk: int,
+    transform: str = "dct",
+    sparse_average_over: str = "contributors",
+    subtract: float = 1.0,
+    values: str = "f32",
+    value_scale: str = "tensor",
+    seed: int = 0,
+) -> DeMoMath:
+    """One DeMo step in two halves around the exchange (§6.1, β = compression_decay, k = topk, s = chunk):
+        compress:  m ← β·m + lr·g ;  (idx, v) = quantize(topk_k(T_t(m))) ;  m ← m − subtract·T_t⁻¹(idx, v)
+        direction: u = T_t⁻¹(average over nodes of (idx, v)) ;  the caller steps p ← p − lr·sign(u)
+    T_t is the chunked DCT-II, the identity, or a random orthonormal transform drawn for step t."""
+    beta, factor = float(compression_decay), float(subtract)
+
+    def init(params: dict[str, torch.Tensor]) -> DeMoState:
+        return DeMoState({name: torch.zeros_like(p, dtype=torch.float32) for name, p in params.items()}, 0)
+
+    def compress(
+        grads: dict[str, torch.Tensor], state: DeMoState, lr: dict[str, float]
+    ) -> tuple[dict[str, Sparse], DeMoState]:
+        sent, momentum = {}, {}
+        for name, g in grads.items():
+            m = beta * state.momentum[name] + float(lr[name]) * g.to(torch.float32)
+            layout = layout_of(tuple(m.shape), chunk)
+            basis = basis_of(layout, transform, seed=seed, step=state.step, like=m)
+            picked = top_k(forward(m, layout, basis), topk)
+            picked = Sparse(picked.indices, quantize(picked.values, values, value_scale))
+            sent[name] = picked
+            momentum[name] = m - factor * inverse(scatter(picked, layout.chunk_numel), layout, basis)
+        return sent, DeMoState(momentum, state.step)
+
+    def direction(gathered: dict[str, Sparse], state: DeMoState) -> tuple[dict[str, torch.Tensor], DeMoState]:
+        """u per tensor from every node's coefficients ((M, chunks, k) each); the step is then complete."""
+        out = {}
+        for name, sparse in gathered.items():
+            m = state.momentum[name]
+            layout = layout_of(tuple(m.shape), chunk)
+            basis = basis_of(layout, transform, seed=seed, step=state.step, like=m)
+            out[name] = inverse(
+                sparse_average(sparse, layout.chunk_numel, sparse_average_over), layout, basis
+            )
+        return out, DeMoState(state.momentum, state.step + 1)
+
+    return DeMoMath(init, compress, direction)

@@ -1,0 +1,1 @@
+"""Channels over torch.distributed process groups (gloo on CPUs, NCCL on GPUs, under torchrun)."""

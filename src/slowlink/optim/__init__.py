@@ -1,0 +1,5 @@
+"""Optimizers that are whole methods: they exchange with the other nodes inside step() (DeMo)."""
+
+from .demo import DeMo
+
+__all__ = ["DeMo"]

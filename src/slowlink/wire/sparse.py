@@ -1,0 +1,170 @@
+"""The packed wire format of one tensor's sparse coefficients (DeMo, top-k compressors): chunk-local indices
+in as few bits as the chunk needs (12 for 4096 values), values as f32, bf16, 2 bits or a sign, each with a
+bf16 scale per tensor or per chunk. Lossless: it packs values already quantized (algorithms/demo.quantize).
+
+    header  "SLSP", version, values, scale, 0, chunks (u32), k (u32), chunk_numel (u32)   little-endian
+    indices chunks·k indices, `index_bits` each, big-endian bit order, padded to a byte
+    scales  (2bit, sign) one bf16 per tensor or per chunk
+    values  f32: 4 bytes · bf16: 2 bytes · 2bit: codes of TWO_BIT_LEVELS · sign: the sign bit
+"""
+
+import struct
+
+import numpy as np
+
+from ..errors import PayloadError
+
+MAGIC, VERSION = b"SLSP", 1
+HEADER = struct.Struct("<4sBBBxIII")
+VALUE_FORMATS = ("f32", "bf16", "2bit", "sign")
+SCALES = ("tensor", "chunk")
+TWO_BIT_LEVELS = np.array([-1.0, -1.0 / 3.0, 1.0 / 3.0, 1.0], np.float32)  # as algorithms/demo.py's
+
+
+def index_bits(chunk_numel: int) -> int:
+    """Bits per chunk-local index: enough for chunk_numel − 1 (12 for a 64×64 chunk), at least one."""
+    return max(1, (chunk_numel - 1).bit_length())
+
+
+def _scale_count(chunks: int, values: str, scale: str) -> int:
+    return 0 if values in ("f32", "bf16") else (chunks if scale == "chunk" else 1)
+
+
+def packed_size(chunks: int, k: int, chunk_numel: int, values: str, scale: str = "tensor") -> int:
+    """Bytes of encode_sparse's output: fixed by the layout, so a reader can refuse any other length."""
+    count = chunks * k
+    value_bytes = {"f32": 4 * count, "bf16": 2 * count, "2bit": -(-2 * count // 8), "sign": -(-count // 8)}
+    scales = 2 * _scale_count(chunks, values, scale)
+    return HEADER.size + -(-count * index_bits(chunk_numel) // 8) + scales + value_bytes[values]
+
+
+def _pack_uints(numbers: np.ndarray, bits: int) -> bytes:
+    shifts = np.arange(bits - 1, -1, -1, dtype=np.uint32)
+    return np.packbits(((numbers.astype(np.uint32)[:, None] >> shifts) & 1).astype(np.uint8)).tobytes()
+
+
+def _unpack_uints(data: bytes, count: int, bits: int) -> np.ndarray:
+    planes = np.unpackbits(np.frombuffer(data, np.uint8), count=count * bits).reshape(count, bits)
+    return planes.astype(np.int64) @ (np.int64(1) << np.arange(bits - 1, -1, -1, dtype=np.int64))
+
+
+def _bf16_bits(values: np.ndarray, what: str) -> np.ndarray:
+    bits = np.ascontiguousarray(values, np.float32).view(np.uint32)
+    if np.any(bits & 0xFFFF):
+        raise PayloadError(
+            f"{what} are not bf16 numbers: round them to bf16 first (algorithms.demo.quantize)"
+        )
+    return (bits >> 16).astype("<u2")
+
+
+def _from_bf16_bits(stored: np.ndarray) -> np.ndarray:
+    return (stored.astype(np.uint32) << 16).view(np.float32)
+
+
+def check_coefficients(indices: np.ndarray, values: np.ndarray, chunk_numel: int) -> None:
+    """Refuse coefficients no node could have sent: an index outside its chunk, one twice, a NaN."""
+    if indices.shape != values.shape or indices.ndim != 2:
+        raise PayloadError(f"indices {indices.shape} and values {values.shape} must both be (chunks, k)")
+    if indices.size and (indices.min() < 0 or indices.max() >= chunk_numel):
+        raise PayloadError(f"an index outside [0, {chunk_numel}), the chunk's coefficients")
+    ordered = np.sort(indices, axis=1)
+    if np.any(ordered[:, 1:] == ordered[:, :-1]):
+        raise PayloadError("an index twice in one chunk: a chunk's coefficients are distinct")
+    if not np.all(np.isfinite(values)):
+        raise PayloadError("a NaN or infinite value among the coefficients")
+
+
+def _group_scales(values: np.ndarray, scale: str, reduce) -> np.ndarray:
+    """(groups, 1) scales, one per tensor or per chunk."""
+    magnitudes = np.abs(values)
+    return reduce(magnitudes, axis=1, keepdims=True) if scale == "chunk" else reduce(magnitudes).reshape(1, 1)
+
+
+def _encode_values(values: np.ndarray, how: str, scale: str) -> bytes:
+    if how == "f32":
+        return np.ascontiguousarray(values, "<f4").tobytes()
+    if how == "bf16":
+        return _bf16_bits(values, "the values").tobytes()
+    s = _group_scales(values, scale, np.max)
+    if how == "sign":
+        if np.any(np.abs(values) != s):
+            raise PayloadError("sign values must be ±s, one s per group: quantize them first")
+        return _bf16_bits(s, "the scales").tobytes() + np.packbits(np.signbit(values).ravel()).tobytes()
+    safe = np.where(s > 0, s, np.float32(1))
+    codes = np.clip(np.rint((values / safe + 1) * 1.5), 0, 3).astype(np.uint8)
+    codes = np.where(s > 0, codes, np.where(np.signbit(values), 1, 2)).astype(np.uint8)
+    if np.any(TWO_BIT_LEVELS[codes] * s != values):
+        raise PayloadError(
+            "2bit values must lie on TWO_BIT_LEVELS·max|v| of their group: quantize them first"
+        )
+    return _bf16_bits(s, "the scales").tobytes() + _pack_uints(codes.ravel(), 2)
+
+
+def encode_sparse(
+    indices: np.ndarray,
+    values: np.ndarray,
+    chunk_numel: int,
+    *,
+    values_as: str = "bf16",
+    scale: str = "tensor",
+) -> bytes:
+    """Pack (chunks, k) chunk-local indices and their values, already quantized as `values_as`."""
+    if values_as not in VALUE_FORMATS or scale not in SCALES:
+        raise PayloadError(f"values_as={values_as!r}, scale={scale!r}: choose from {VALUE_FORMATS}, {SCALES}")
+    indices, values = np.asarray(indices), np.asarray(values, np.float32)
+    check_coefficients(indices, values, chunk_numel)
+    chunks, k = indices.shape
+    header = HEADER.pack(
+        MAGIC, VERSION, VALUE_FORMATS.index(values_as), SCALES.index(scale), chunks, k, chunk_numel
+    )
+    return (
+        header
+        + _pack_uints(indices.ravel(), index_bits(chunk_numel))
+        + _encode_values(values, values_as, scale)
+    )
+
+
+def _read_header(data: bytes, chunks: int, k: int, chunk_numel: int) -> tuple[str, str]:
+    if len(data) < HEADER.size:
+        raise PayloadError(
+            f"{len(data)} bytes: shorter than the {HEADER.size}-byte header of sparse coefficients"
+        )
+    magic, version, how, scale, *layout = HEADER.unpack_from(data)
+    if magic != MAGIC or version != VERSION or how >= len(VALUE_FORMATS) or scale >= len(SCALES):
+        raise PayloadError(
+            f"not sparse coefficients of format {VERSION} (magic {magic!r}, version {version})"
+        )
+    if tuple(layout) != (chunks, k, chunk_numel):
+        raise PayloadError(
+            f"{layout[0]} chunks of {layout[1]} coefficients out of {layout[2]}, where the tensor has "
+            f"{chunks} chunks of {k} out of {chunk_numel}: the wrong count for this tensor"
+        )
+    return VALUE_FORMATS[how], SCALES[scale]
+
+
+def _decode_values(body: bytes, chunks: int, k: int, how: str, scale: str) -> np.ndarray:
+    count, groups = chunks * k, _scale_count(chunks, how, scale)
+    if how == "f32":
+        return np.frombuffer(body, "<f4").astype(np.float32).reshape(chunks, k)
+    if how == "bf16":
+        return _from_bf16_bits(np.frombuffer(body, "<u2")).reshape(chunks, k)
+    s = _from_bf16_bits(np.frombuffer(body[: 2 * groups], "<u2")).reshape(groups, 1)
+    rest = body[2 * groups :]
+    if how == "sign":
+        negative = np.unpackbits(np.frombuffer(rest, np.uint8), count=count).reshape(chunks, k).astype(bool)
+        return np.where(negative, -s, s).astype(np.float32)
+    return TWO_BIT_LEVELS[_unpack_uints(rest, count, 2).reshape(chunks, k)] * s
+
+
+def decode_sparse(data: bytes, *, chunks: int, k: int, chunk_numel: int) -> tuple[np.ndarray, np.ndarray]:
+    """(indices int64, values float32), both (chunks, k), from a peer's bytes; a PayloadError says why not."""
+    how, scale = _read_header(data, chunks, k, chunk_numel)
+    expected = packed_size(chunks, k, chunk_numel, how, scale)
+    if len(data) != expected:
+        raise PayloadError(f"{len(data)} bytes where this layout packs into {expected}: truncated or padded")
+    bits, count = index_bits(chunk_numel), chunks * k
+    index_end = HEADER.size + -(-count * bits // 8)
+    indices = _unpack_uints(data[HEADER.size : index_end], count, bits).reshape(chunks, k)
+    values = _decode_values(data[index_end:], chunks, k, how, scale)
+    check_coefficients(indices, values, chunk_numel)
+    return indices, values

@@ -1,0 +1,121 @@
+"""sl.DeMo pinned to its definition (research/algorithms.md §6.1 and exactness test 5 of §8)."""
+
+import pytest
+import torch
+
+import slowlink as sl
+from slowlink.algorithms import demo as d
+from slowlink.engine.exchange import SingleNode
+from tests.optim.threads import ThreadedGroup, run_threads
+
+
+def gradients(seed: int, shape=(64, 32)) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_one_node_with_full_topk_is_sign_sgd_of_the_momentum():
+    p = torch.nn.Parameter(torch.zeros(64, 32))
+    optimizer = sl.DeMo([p], 0.01, topk=32 * 32, chunk=32, values="f32", compression_decay=0.9)
+    for step in range(4):
+        before, momentum = p.detach().clone(), optimizer.state[p].get("momentum", torch.zeros(64, 32))
+        p.grad = gradients(step)
+        optimizer.step()
+        expected = -0.01 * torch.sign(0.9 * momentum + 0.01 * p.grad)  # m ← β·m + lr·g, p ← p − lr·sign(m)
+        assert torch.allclose(p.detach() - before, expected, atol=1e-7)
+        assert optimizer.state[p]["momentum"].abs().max() < 1e-8  # everything was sent, and subtracted
+
+
+def test_m_nodes_with_full_topk_step_by_the_sign_of_the_averaged_momentum():
+    nodes, group = 3, ThreadedGroup(3)
+    params = [torch.nn.Parameter(torch.zeros(64, 32)) for _ in range(nodes)]
+    optimizers = [sl.DeMo([params[r]], 0.1, topk=1024, chunk=32, values="f32", exchange=group.member(r))
+                  for r in range(nodes)]  # fmt: skip
+
+    def node(rank):
+        params[rank].grad = gradients(rank)
+        optimizers[rank].step()
+
+    run_threads([lambda r=r: node(r) for r in range(nodes)])
+    averaged = sum(0.1 * gradients(r) for r in range(nodes)) / nodes
+    for r in range(nodes):
+        assert torch.equal(params[r].detach(), -0.1 * torch.sign(averaged))
+
+
+def test_subtract_one_removes_exactly_what_was_sent_and_zero_keeps_it():
+    kept = {}
+    for subtract in (1.0, 0.0):
+        p = torch.nn.Parameter(torch.zeros(64, 64))
+        optimizer = sl.DeMo(
+            [p], 1.0, topk=4, chunk=64, subtract=subtract, values="f32", compression_decay=0.5
+        )
+        p.grad = gradients(7, (64, 64))
+        optimizer.step()
+        kept[subtract] = optimizer.state[p]["momentum"]
+    sent = kept[0.0] - kept[1.0]  # the inverse transform of the 4 coefficients sent
+    layout = d.layout_of((64, 64), 64)
+    dct = d.forward(sent, layout, d.basis_of(layout, "dct", seed=0, step=0, like=sent))
+    assert int((dct.abs() > 1e-5).sum()) == 4  # dense in space, 4 DCT coefficients
+    assert torch.allclose(kept[0.0], gradients(7, (64, 64)), atol=1e-6)  # β·0 + lr·g, nothing removed
+
+
+def test_the_identity_transform_steps_sparsely_and_the_dct_densely():
+    changed = {}
+    for transform in ("identity", "dct"):
+        p = torch.nn.Parameter(torch.zeros(64, 64))
+        optimizer = sl.DeMo([p], 0.01, topk=8, chunk=64, transform=transform)
+        p.grad = gradients(3, (64, 64))
+        optimizer.step()
+        changed[transform] = int((p.detach() != 0).sum())
+    assert changed["identity"] == 8  # the 8 largest gradients, in their own coordinates
+    assert changed["dct"] > 0.9 * 64 * 64
+
+
+def test_weight_decay_shrinks_as_the_reference_code_does():
+    p = torch.nn.Parameter(torch.full((8, 8), 2.0))
+    optimizer = sl.DeMo([p], 0.1, weight_decay=0.5, topk=64, chunk=8, values="f32")
+    p.grad = torch.ones(8, 8)
+    optimizer.step()
+    assert torch.allclose(p.detach(), torch.full((8, 8), 2.0 * (1 - 0.1 * 0.5) - 0.1))
+
+
+def test_bytes_are_counted_per_step():
+    p = torch.nn.Parameter(torch.zeros(128, 64))  # two 64×64 chunks, 8 coefficients each
+    optimizer = sl.DeMo([p], 0.01, topk=8, values="bf16", exchange=SingleNode())
+    p.grad = gradients(1, (128, 64))
+    optimizer.step()
+    assert optimizer.stats["sent_bytes"] == 16 * (2 + 2)  # int16 index + bf16 value
+    assert optimizer.stats["packed_bytes"] == 20 + 16 * 12 // 8 + 16 * 2  # header + 12-bit indices + bf16
+
+
+def test_a_peer_with_impossible_coefficients_is_left_out_and_counted():
+    class HostilePeer:
+        nodes = 2
+
+        def all_gather(self, indices, values):
+            bad = values.clone()
+            bad[0] = float("nan")
+            return torch.stack([indices, indices]), torch.stack([values, bad])
+
+    p = torch.nn.Parameter(torch.zeros(64, 32))
+    optimizer = sl.DeMo([p], 0.01, topk=1024, chunk=32, values="f32", exchange=HostilePeer())
+    p.grad = gradients(0)
+    optimizer.step()
+    assert optimizer.refusals == [(1, "0.0", "a NaN or infinite value")]
+    assert torch.allclose(p.detach(), -0.01 * torch.sign(gradients(0)))  # this node's own step, alone
+
+
+@pytest.mark.parametrize(
+    "options, words",
+    [({"transform": "fft"}, "transform='fft'"), ({"topk": 0}, "topk=0"), ({"compression_decay": 1.0}, "β"),
+     ({"values": "int4"}, "values='int4'"), ({"weight_decay": -1.0}, "weight_decay=-1.0")],
+)  # fmt: skip
+def test_bad_options_are_refused_naming_the_option(options, words):
+    with pytest.raises(sl.ConfigError, match=words.replace("(", r"\(").replace("[", r"\[")):
+        sl.DeMo([torch.nn.Parameter(torch.zeros(2))], 0.01, **options)
+
+
+def test_parameters_that_are_not_floating_or_are_sparse_are_refused():
+    with pytest.raises(sl.ConfigError, match="not floating point"):
+        sl.DeMo([torch.zeros(3, dtype=torch.int64)], 0.01)
+    with pytest.raises(sl.ConfigError, match="sparse"):
+        sl.DeMo([torch.zeros(3, 3).to_sparse()], 0.01)
