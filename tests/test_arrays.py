@@ -1,5 +1,5 @@
-"""The helpers that tell numpy arrays from torch tensors: each gives a torch tensor, on its own device, what it
-gives a numpy array, to the bit."""
+"""The helpers that tell numpy arrays from torch tensors: each gives a torch tensor, on its own device, what
+it gives a numpy array, to the bit."""
 
 import numpy as np
 import pytest

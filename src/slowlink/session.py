@@ -157,17 +157,14 @@ class Session:
         for _, params in latest.values():
             self.adapter.assign(params)  # a joiner starts from the committed model
         self.rounds = self.algorithm.rounds(len(self.plan))
-        # The node's anchors live beside the model, the courier's on host.
-        on_device = on_device_of(self.adapter)
         self.courier = Courier(
             self.mailbox, self.run, self.algorithm, self.node_id, dict(latest), emit=self._emit,
             status=self._status, poll_seconds=self.poll_seconds, lease_seconds=self.lease_seconds,
-            compression=self.compression, clock=self.clock, on_device=on_device,
+            compression=self.compression, clock=self.clock, on_device=on_device_of(self.adapter),
         )  # fmt: skip
         self.node = Node(
             node_id=self.node_id, rounds=self.rounds, adapter=self.adapter, plan=self.plan, channel=self.courier,
-            clock=self.clock, latest={q: (v, on_device(params)) for q, (v, params) in latest.items()},
-            emit=self._emit,
+            clock=self.clock, latest=self.courier.anchors(), emit=self._emit,
         )  # fmt: skip
         self._entered_at = self.clock.now()
         self._stall = StallWatch(

@@ -100,7 +100,7 @@ def test_device_entries_and_decoded_values_are_the_host_codecs_to_the_bit(name, 
 
 
 def test_the_edges_are_edges():
-    """What the edge values must give, written out, so that both codecs agreeing cannot hide a shared error."""
+    """What the edge values must give, written out: both codecs agreeing cannot hide an error they share."""
     decoded = on_device.ENCODINGS["F8_E4M3"].decode(
         on_device.ENCODINGS["F8_E4M3"].encode(torch.from_numpy(edge_values())), (7 * 32,)
     )
@@ -191,7 +191,8 @@ def test_error_feedback_on_the_device_keeps_the_host_residual_round_after_round(
 
 def fragment(seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return {"w": rng.standard_normal((64, 33)).astype(np.float32), "b": rng.standard_normal(5).astype(np.float32),
+    return {"w": rng.standard_normal((64, 33)).astype(np.float32),
+            "b": rng.standard_normal(5).astype(np.float32),
             "scale": np.array(-0.0, np.float32), "edges": edge_values()}  # fmt: skip
 
 

@@ -49,8 +49,9 @@ class Adapter(Protocol):
 
 
 def host_arrays(values: dict) -> Arrays:
-    """Host numpy arrays of what an adapter's `clone` or `snapshot` gave: numpy arrays (and scalars) pass as they are, a
-    device tensor is copied to host (a CPU tensor is viewed, not copied: the clone is the caller's own)."""
+    """Host numpy arrays of what an adapter's `clone` or `snapshot` gave: numpy arrays (and scalars) pass as
+    they are, a device tensor is copied to host (a CPU tensor is viewed, not copied: the clone is the caller's
+    own)."""
     return {
         name: v if isinstance(v, np.ndarray | np.generic) else v.cpu().numpy() for name, v in values.items()
     }

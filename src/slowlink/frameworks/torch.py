@@ -94,7 +94,7 @@ class TorchAdapter:
     def _on_device(
         self, name: str, values: np.ndarray | torch.Tensor, target: torch.Tensor | None = None, dtype=None
     ) -> torch.Tensor:
-        """`values` (a host array, or a tensor anywhere) on the target's device, in `dtype` or the target's."""
+        """`values` (a host array, or a tensor anywhere) on the target's device, in `dtype` or its own."""
         target = self.tensors[name] if target is None else target
         if isinstance(values, np.ndarray):
             with warnings.catch_warnings():

@@ -61,10 +61,9 @@ class Courier:
         compression: str | None,
         clock: Clock = REAL,
         beat_seconds: float | None = None,
-        on_device: Callable[[Arrays], dict] | None = None,
+        on_device: Callable[[Arrays], dict] | None = None,  # a commit's parameters to the model's device
     ) -> None:
-        """beat_seconds: how often the lease is renewed (default: a fraction of the lease, leader.py).
-        on_device: how a commit's parameters reach the model's device, on this thread (frameworks/base.py)."""
+        """beat_seconds: how often the lease is renewed (default: a fraction of the lease, leader.py)."""
         self.mailbox, self.run, self.method, self.node_id = mailbox, run, method, node_id
         self.latest = latest  # fragment -> (version, params): the newest commit this node holds, on host
         self.emit, self.status, self.clock, self.on_device = emit, status, clock, on_device or dict
@@ -74,7 +73,7 @@ class Courier:
         # contribution in flight, which replaces it only once that contribution is merged.
         self.residual: dict[int, Arrays] = {}
         self.residual_in_flight: dict[int, Arrays] = {}
-        self.host_buffer = HostBuffer()  # where contributions encoded on the device come to host
+        self.buffer = HostBuffer()  # where contributions encoded on the device come to host
         self.poll_seconds, self.lease_seconds = poll_seconds, lease_seconds
         self.beat_seconds = beat_seconds if beat_seconds is not None else beat_interval(lease_seconds)
         self.watch_seconds = min(self.beat_seconds, WATCH_SECONDS)
@@ -159,6 +158,10 @@ class Courier:
             return self.inbox.get(timeout=max(0.0, deadline - self.clock.now()))
         except queue.Empty:
             return None
+
+    def anchors(self) -> dict[int, tuple[int, dict]]:
+        """The commits this node holds, brought to the model's device: the node's anchors to start from."""
+        return {q: (version, self.on_device(params)) for q, (version, params) in self.latest.items()}
 
     def newest(self) -> list[int]:
         return list(self.head)
@@ -288,9 +291,8 @@ class Courier:
         delta = item.snapshot
         for name, values in delta.items():
             subtract_into(item.anchor[name], values)
-        norm = l2_norm(
-            self.run.judged(delta)
-        )  # reported, so the merger can judge each contribution against the others
+        # Its norm is reported, so that the merger can judge each contribution against the others.
+        norm = l2_norm(self.run.judged(delta))
         if (reason := self.own_norms.judge(item.fragment, norm, item.steps)) is not None:
             self.emit(Event("contribution_refused", self.node_id, f"fragment {item.fragment} round {round_}: "
                             f"{reason}; not published", {"fragment": item.fragment, "round": round_,
@@ -308,10 +310,9 @@ class Courier:
 
     def _encode(self, fragment: int, delta: Arrays, header: dict) -> bytes:
         # On the model's device where the encoding allows it: then only the encoded bytes come to host.
-        feedback = self.wire.error_feedback
-        encoded, residual = encode_fragment(delta, self.encoding, feedback=feedback,
-                                            residual=self.residual.get(fragment), buffer=self.host_buffer)  # fmt: skip
-        if feedback:
+        encoded, residual = encode_fragment(delta, self.encoding, feedback=self.wire.error_feedback,
+                                            residual=self.residual.get(fragment), buffer=self.buffer)  # fmt: skip
+        if residual is not None:  # with error feedback: what this encoding lost, for the next one
             self.residual_in_flight[fragment] = residual
         data = payload.pack_encoded(encoded, header, encoding=self.encoding)
         return compress(data) if self.compression == "zstd" else data

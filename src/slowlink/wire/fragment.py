@@ -14,8 +14,9 @@ Encoded = dict[str, tuple[tuple[int, ...], dict]]
 
 
 class HostBuffer:
-    """Host memory the entries of fragments encoded on a device are copied into (on_device.copy_to_host): grown
-    when a fragment needs more, reused from one to the next, so no contribution costs fresh host memory."""
+    """Host memory the entries of fragments encoded on a device are copied into (on_device.copy_to_host):
+    grown when a fragment needs more, reused from one to the next, so no contribution costs fresh host
+    memory."""
 
     def __init__(self) -> None:
         self.memory = None  # a torch uint8 tensor in host memory, once a device encoding needed one
