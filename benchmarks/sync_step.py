@@ -114,6 +114,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md")
     args = parser.parse_args()
     params = sum(p.numel() for p in model().parameters())
+    load_at_start = os.getloadavg()[0]
     rows, loop_rows = [], []
     for kind in args.mailboxes.split(","):
         plains, runs = [], []
@@ -144,7 +145,9 @@ def main() -> None:
 `DiLoCo(sync_every={SYNC_EVERY}, fragments={FRAGMENTS})` (a fragment of {runs[0]["fragment_mb"]:.0f} MB due every
 second step), one node that also merges, {args.steps} steps of {COMPUTE_SECONDS * 1000:.0f} ms compute each: a
 sleep standing for a step that runs on an accelerator while the host waits. On this machine the device is the
-CPU. {args.pairs} paired runs per mailbox; load average {load:.1f} on 2 cores when it finished.
+CPU: the node's anchors, Δ and its encoding (F32 here) are torch tensors and ops there, as on a GPU.
+{args.pairs} paired runs per mailbox; load average {load_at_start:.1f} on {os.cpu_count()} cores when it started,
+{load:.1f} when it finished (the machine is shared: a run's medians move up to 5× from one run to the next).
 
 The training thread's time in `session.step()` on the steps that did something, against a bare device-side
 clone of one fragment (`adapter.clone`, the least a sync step can cost); target: at most 3×.

@@ -23,7 +23,7 @@ from .engine.node import Node
 from .engine.stall import StallWatch
 from .errors import ConfigError, MailboxUnavailable, SessionStateError
 from .events import Event, JsonLines, log_event
-from .frameworks.base import adapter_for, compare_frozen, frozen_of, schema_digest
+from .frameworks.base import adapter_for, compare_frozen, frozen_of, on_device_of, schema_digest
 from .mailbox.contract import Mailbox
 from .mailbox.metered import Metered
 from .mailbox.named import open_mailbox
@@ -160,11 +160,11 @@ class Session:
         self.courier = Courier(
             self.mailbox, self.run, self.algorithm, self.node_id, dict(latest), emit=self._emit,
             status=self._status, poll_seconds=self.poll_seconds, lease_seconds=self.lease_seconds,
-            compression=self.compression, clock=self.clock,
+            compression=self.compression, clock=self.clock, on_device=on_device_of(self.adapter),
         )  # fmt: skip
         self.node = Node(
             node_id=self.node_id, rounds=self.rounds, adapter=self.adapter, plan=self.plan, channel=self.courier,
-            clock=self.clock, latest=latest, emit=self._emit,
+            clock=self.clock, latest=self.courier.anchors(), emit=self._emit,
         )  # fmt: skip
         self._entered_at = self.clock.now()
         self._stall = StallWatch(

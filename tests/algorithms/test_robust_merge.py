@@ -365,6 +365,18 @@ def test_l2_norm_chunk_by_chunk_matches_the_float64_norm(monkeypatch):
     assert l2_norm(arrays) == pytest.approx(reference, rel=1e-12)
 
 
+def test_l2_norm_of_torch_tensors_is_the_norm_of_their_numpy_arrays(monkeypatch):
+    """A contribution's norm is taken where its Δ is, on the model's device: one implementation for both."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(6)
+    arrays = {"a": rng.standard_normal((10, 7)).astype(np.float32), "b": np.array(1e30, np.float32)}
+    tensors = {name: torch.from_numpy(values.copy()) for name, values in arrays.items()}
+    reference = math.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for v in arrays.values()))
+    assert l2_norm(tensors) == pytest.approx(reference, rel=1e-12)  # no float32 overflow at 1e30² either
+    monkeypatch.setattr(robust, "NORM_CHUNK", 3)
+    assert l2_norm(tensors) == pytest.approx(reference, rel=1e-12)
+
+
 def test_l2_norm_never_widens_a_whole_tensor():
     values = np.ones(1 << 22, np.float32)  # a float64 copy would be 32 MiB
     tracemalloc.start()

@@ -4,15 +4,19 @@ the device is the CPU, and the code path is the one a GPU takes (a torch functio
 
 import threading
 
+import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import slowlink as sl
+from slowlink.wire import payload
 
 from .nodes import batches, sgd_step, wide_mlp
 
 HOST_CALLS = {"numpy", "cpu"}
+# Where the model may live: the CPU here, and a GPU's path where there is one.
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 
 
 class HostCopies(TorchFunctionMode):
@@ -86,9 +90,99 @@ def test_a_fragment_is_cloned_into_the_tensors_of_its_previous_contribution():
     assert spy.copies == len(session.adapter.schema)  # one clone of each tensor, at its fragment's first sync
 
 
+class Crossings(TorchDispatchMode):
+    """Records, on the thread that entered it, each operation that moves data between host memory and a tensor
+    the other way from `.numpy()` and `.cpu()`: host memory made a tensor (torch.from_numpy, as_tensor, whose
+    data a GPU must then copy in), and copies from one device to another."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.thread = threading.get_ident()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.__name__.split(".")[0]
+        moves = name in ("_to_copy", "copy_") and _devices(args, kwargs) > 1
+        if threading.get_ident() == self.thread and (name == "lift_fresh" or moves):
+            self.calls.append(name)
+        return func(*args, **kwargs)
+
+
+def _devices(args: tuple, kwargs: dict) -> int:
+    """How many devices an operation's tensors and its `device=` name."""
+    devices = {a.device for a in args if isinstance(a, torch.Tensor)}
+    return len(devices | ({torch.device(kwargs["device"])} if kwargs.get("device") is not None else set()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "options",
+    [{"overlap_steps": 0}, {"overlap_steps": 1}, {"overlap_steps": 1, "mixing": 0.5}],
+    ids=["at-the-sync", "overlapped", "blended"],
+)
+def test_applying_a_commit_moves_nothing_between_host_and_device_on_the_training_thread(options, device):
+    """The commit's parameters come to the device on the communication thread; the node's anchor lives
+    there, and θ ← θ + (Θ_new − Θ_old + Δ) (or the blend) runs there: no host array enters the training
+    thread, whether the node waits for the commit at its sync step, τ steps later, or blends it in."""
+    model, events = wide_mlp().to(device), []
+    algorithm = sl.DiLoCo(sync_every=2, fragments=2, **options)
+    with sl.Session(model, algorithm=algorithm, mailbox=sl.MemoryMailbox(), node_id="n", poll_seconds=0.005,
+                    on_event=events.append) as session:  # fmt: skip
+        host_calls, crossings, applying = HostCopies(list(model.parameters())), Crossings(), 0
+        for x, y in batches(0, 12):
+            sgd_step(model, (x.to(device), y.to(device)), 0.05)
+            seen = len(events)
+            with host_calls, crossings:
+                session.step(samples=4)
+            applying += any(e.kind == "commit_applied" for e in events[seen:])  # emitted in step()
+    assert applying >= 5  # steps that applied a commit were spied on
+    assert host_calls.calls == [] and crossings.calls == []
+    anchors = [params[name] for _, params in session.node.anchors.values() for name in params]
+    assert all(isinstance(anchor, torch.Tensor) and anchor.device.type == device for anchor in anchors)
+
+
 def test_the_spy_sees_a_host_copy_when_there_is_one():
     model = wide_mlp()
     spy = HostCopies(list(model.parameters()))
     with spy:
         next(model.parameters()).detach().cpu().numpy()
     assert spy.calls == ["cpu", "numpy"]
+
+
+def test_the_crossings_spy_sees_host_memory_entering_torch():
+    spy, host = Crossings(), next(wide_mlp().parameters()).detach().numpy()
+    with spy:
+        torch.from_numpy(host)
+        torch.as_tensor(host)
+    assert spy.calls == ["lift_fresh", "lift_fresh"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("encoding", ["F32", "BF16", "F8_E4M3", "F4"])
+def test_a_contribution_encoded_on_the_device_has_the_bytes_of_the_host_path(encoding, device):
+    """Δ = anchor − snapshot is taken, and (but for F4) encoded, where the model is (wire/on_device.py): the
+    payload in the store is byte for byte what numpy makes of the same snapshot on the host, and the node's Δ
+    stays in its tensors on the device."""
+    model, mailbox, deltas_kept = wide_mlp().to(device), sl.MemoryMailbox(), []
+    algorithm = sl.DiLoCo(sync_every=2, fragments=1, overlap_steps=0, delta_dtype=encoding)
+
+    def on_event(event: sl.Event) -> None:  # on the communication thread, once the payload is stored
+        if event.kind == "contribution_sent" and event.data["round"] == 1:
+            deltas_kept.extend(session.node.outgoing[0].arrays.values())
+
+    with sl.Session(model, algorithm=algorithm, mailbox=mailbox, node_id="n", poll_seconds=0.005,
+                    on_event=on_event) as session:  # fmt: skip
+        anchor = {name: p.detach().cpu().numpy().copy() for name, p in model.named_parameters()}
+        for x, y in batches(0, 2):
+            sgd_step(model, (x.to(device), y.to(device)), 0.05)
+            snapshot = {name: p.detach().cpu().numpy().copy() for name, p in model.named_parameters()}
+            session.step(samples=4)  # the second publishes round 1 and waits for its commit
+        header = session.run.expect(kind="delta", fragment=0, round=1, node="n")
+    (sent,) = [key for key in mailbox.list("rounds/") if not key.key.endswith(".json")]
+    on_host = payload.pack(
+        {name: anchor[name] - snapshot[name] for name in anchor}, header, encoding=encoding
+    )
+    assert mailbox.get(sent.key).data == on_host
+    assert len(deltas_kept) == len(anchor)
+    assert all(isinstance(delta, torch.Tensor) and delta.device.type == device for delta in deltas_kept)

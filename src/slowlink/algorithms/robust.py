@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..arrays import Arrays
+from ..arrays import Arrays, float64_empty
 from ..errors import ConfigError
 
 CHUNK_VALUES = 1 << 22  # values stacked at once by TrimmedMean: 16 MiB of float32, whatever the round
@@ -215,18 +215,23 @@ def bounded_claims(
 
 
 def l2_norm(arrays: Mapping[str, np.ndarray]) -> float:
-    """‖Δ‖₂ over every tensor of a dict, accumulated in float64. Contiguous arrays (as the wire decodes
-    them) are read in place, widened to float64 NORM_CHUNK values at a time, never whole."""
-    squares = 0.0
-    buffer = np.empty(min(NORM_CHUNK, max((v.size for v in arrays.values()), default=0)), np.float64)
+    """‖Δ‖₂ over every tensor of a dict, accumulated in float64, of numpy arrays or torch tensors (on their
+    device, read back once). Contiguous arrays (as the wire decodes them) are read in place, widened to
+    float64 NORM_CHUNK values at a time, never whole."""
+    squares, buffer = 0.0, None
     for values in arrays.values():
         flat = values.reshape(-1)  # a view when contiguous
-        for start in range(0, flat.size, NORM_CHUNK):
-            chunk = buffer[: min(NORM_CHUNK, flat.size - start)]
+        if buffer is None:
+            buffer = float64_empty(
+                flat, min(NORM_CHUNK, max(v.reshape(-1).shape[0] for v in arrays.values()))
+            )
+        for start in range(0, flat.shape[0], NORM_CHUNK):
+            chunk = buffer[: min(NORM_CHUNK, flat.shape[0] - start)]
             chunk[:] = flat[start : start + NORM_CHUNK]  # widened into the one buffer
-            # Not np.dot: it calls BLAS, whose idle threads spin and burn the cores the training needs.
-            squares += float(np.square(chunk, out=chunk).sum())
-    return math.sqrt(squares)
+            # Not a dot product: numpy's calls BLAS, whose idle threads spin and burn the training's cores.
+            chunk *= chunk
+            squares = squares + chunk.sum()  # a float64 scalar; on a device it stays there until the end
+    return math.sqrt(float(squares))
 
 
 def _check_same_tensors(deltas: list[Arrays]) -> None:

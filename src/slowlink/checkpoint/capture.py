@@ -2,13 +2,11 @@
 (marked if it was made before a session.reset()) and the error-feedback residuals, read between two steps on
 the training thread."""
 
-import numpy as np
-
 from ..algorithms.rounds import Flight
-from ..arrays import Arrays
+from ..arrays import Arrays, subtract_into
 from ..engine.node import Outgoing
 from ..errors import MailboxUnavailable
-from ..frameworks.base import local_of
+from ..frameworks.base import host_arrays, local_of
 from ..session import Session
 
 
@@ -20,13 +18,13 @@ def capture(session: Session, upload_timeout: float) -> tuple[dict, Arrays]:
     arrays: Arrays = {}
     fragments = []
     courier, node = session.courier, session.node
-    state = node.state
+    state, clone = node.state, getattr(session.adapter, "clone", None)
     for q, names in enumerate(session.plan):
         version, anchor = node.anchors[q]
-        local = session.adapter.snapshot(names)
+        local = clone(names) if clone is not None else session.adapter.snapshot(names)  # where the anchor is
         for name in names:
-            np.subtract(anchor[name], local[name], out=local[name])  # Δ_local = Θ_a − θ
-            arrays[f"local/{q}/{name}"] = local[name]
+            subtract_into(anchor[name], local[name])  # Δ_local = Θ_a − θ
+        arrays.update(keyed("local", q, local))
         # The residual after the contribution in flight first: once merged, it moves into `residual`.
         flight_residual, residual = courier.residual_in_flight.get(q), courier.residual.get(q)
         entry = {"anchor": version, "pending_steps": state.pending_steps(q),
@@ -46,11 +44,11 @@ def capture(session: Session, upload_timeout: float) -> tuple[dict, Arrays]:
                                   "blob": outgoing.blob, "residual": flight_residual is not None,
                                   "before_reset": flight.before_reset}  # fmt: skip
             if delta == "stored":
-                arrays.update({f"in_flight/{q}/{name}": outgoing.arrays[name] for name in names})
+                arrays.update(keyed("in_flight", q, outgoing.arrays))
             if flight_residual is not None:
-                arrays.update({f"in_flight_residual/{q}/{name}": flight_residual[name] for name in names})
+                arrays.update(keyed("in_flight_residual", q, flight_residual))
         if residual is not None:
-            arrays.update({f"residual/{q}/{name}": residual[name] for name in names})
+            arrays.update(keyed("residual", q, residual))
         fragments.append(entry)
     arrays.update({f"own/{name}": values for name, values in local_of(session.adapter).items()})
     header = {
@@ -64,6 +62,11 @@ def capture(session: Session, upload_timeout: float) -> tuple[dict, Arrays]:
         "fragments": fragments,
     }
     return header, arrays
+
+
+def keyed(kind: str, q: int, values: dict) -> Arrays:
+    """`values` (on the model's device or on host) as host arrays under their keys `kind/q/name`."""
+    return {f"{kind}/{q}/{name}": array for name, array in host_arrays(values).items()}
 
 
 def flight_delta(

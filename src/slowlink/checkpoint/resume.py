@@ -11,6 +11,7 @@ from ..arrays import Arrays
 from ..engine.channel import Contribution
 from ..engine.node import Outgoing
 from ..events import Event
+from ..frameworks.base import on_device_of
 from ..protocol import keys, records
 from ..protocol.run import read_commit
 from ..session import Session
@@ -98,11 +99,12 @@ def stored_contribution(mailbox, q: int, round_: int, node: str) -> dict | None:
 
 
 def apply(session: Session, header: dict, resumes: list[Resume]) -> None:
-    courier, node = session.courier, session.node
+    courier, node, on_device = session.courier, session.node, on_device_of(session.adapter)
     for resume in resumes:
         q = resume.fragment
         _, anchor = node.anchors[q]
-        session.adapter.assign({name: anchor[name] - resume.delta[name] for name in anchor})
+        delta = on_device(resume.delta)  # beside the anchor, which is where the model is
+        session.adapter.assign({name: anchor[name] - delta[name] for name in anchor})
         if resume.residual is not None:
             courier.residual[q] = resume.residual
         else:
@@ -132,6 +134,7 @@ def restore_flight(session: Session, resume: Resume) -> None:
     """Put the contribution back in flight; the courier learns what to await, or what became of it."""
     q, flight, courier, node = resume.fragment, resume.flight, session.courier, session.node
     assert flight is not None and resume.outgoing is not None
+    resume.outgoing.arrays = on_device_of(session.adapter)(resume.outgoing.arrays)  # where the node's Δ live
     node.outgoing[q] = resume.outgoing
     node.state = rounds_.with_flight(node.state, q, flight)
     if resume.flight_residual is not None:

@@ -6,7 +6,7 @@ arrays, and writes host arrays back in place, so optimizer state keyed on the pa
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import numpy as np
@@ -25,7 +25,9 @@ class Adapter(Protocol):
     tensors, which checkpoints save); without them it has none. An adapter may have `clone(names, into=None)`:
     float32 copies on the tensors' own device (written into `into`, an earlier clone, when given), which a
     channel brings to host (`host_arrays`) on its own thread; without it the engine takes a host `snapshot`
-    on the training thread."""
+    on the training thread. An adapter with `clone` has `on_device(arrays)` too: float32 copies of host arrays
+    where its tensors live, in which the node keeps its anchors (`on_device_of`). `assign`, `blend` and
+    `shift` take host arrays or what `clone` and `on_device` give."""
 
     schema: Schema
 
@@ -47,9 +49,22 @@ class Adapter(Protocol):
 
 
 def host_arrays(values: dict) -> Arrays:
-    """Host numpy arrays of what an adapter's `clone` or `snapshot` gave: numpy arrays pass as they are, a
-    device tensor is copied to host (a CPU tensor is viewed, not copied: the clone is the caller's own)."""
-    return {name: v if isinstance(v, np.ndarray) else v.cpu().numpy() for name, v in values.items()}
+    """Host numpy arrays of what an adapter's `clone` or `snapshot` gave: numpy arrays (and scalars) pass as
+    they are, a device tensor is copied to host (a CPU tensor is viewed, not copied: the clone is the caller's
+    own)."""
+    return {
+        name: v if isinstance(v, np.ndarray | np.generic) else v.cpu().numpy() for name, v in values.items()
+    }
+
+
+def on_device_of(adapter: Adapter) -> Callable[[Arrays], dict]:
+    """How host arrays become the arrays a node keeps its anchors in: the adapter's `on_device`, or the arrays
+    as they are for an adapter without one (its math runs on the host)."""
+    return getattr(adapter, "on_device", None) or _as_they_are
+
+
+def _as_they_are(values: Arrays) -> Arrays:
+    return values
 
 
 def adapter_for(model: object, params: object = None) -> Adapter:

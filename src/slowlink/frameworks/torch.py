@@ -21,7 +21,9 @@ DataParallel (a module whose only child is `module`, holding no tensors of its o
 names, so a compiled or wrapped node joins a run of the plain model, and `params=` uses the plain names.
 
 Clones stay on the tensors' device (the channel copies them to host off the training thread); snapshots are
-host float32 copies; updates are computed on the tensor's own device and dtype.
+host float32 copies; `on_device` brings host arrays (a commit's parameters) to the tensors' device, off the
+training thread too; updates, from host arrays or device tensors, are computed on the tensor's own device and
+dtype.
 """
 
 import hashlib
@@ -83,14 +85,26 @@ class TorchAdapter:
                 into[name].copy_(self.tensors[name])
             return into
 
-    def _on_device(self, name: str, values: np.ndarray, target: torch.Tensor | None = None) -> torch.Tensor:
+    def on_device(self, values: Arrays) -> dict[str, torch.Tensor]:
+        """Float32 tensors of host arrays, each on the device of the tensor it is named for: where the node
+        keeps its anchors and applies commits. Where that device is the host, a tensor shares the array's
+        memory, as the anchors do: nothing writes them in place."""
+        return {name: self._on_device(name, array, dtype=torch.float32) for name, array in values.items()}
+
+    def _on_device(
+        self, name: str, values: np.ndarray | torch.Tensor, target: torch.Tensor | None = None, dtype=None
+    ) -> torch.Tensor:
+        """`values` (a host array, or a tensor anywhere) on the target's device, in `dtype` or its own."""
         target = self.tensors[name] if target is None else target
-        with warnings.catch_warnings():
-            # Decoded payloads are read-only views of the received bytes; the tensor is only ever read.
-            warnings.simplefilter("ignore", UserWarning)
-            # (ascontiguousarray would make a 0-d array, a scalar parameter's or a step count's, 1-d)
-            values = values if values.flags.c_contiguous else np.ascontiguousarray(values)
-            return torch.from_numpy(values).to(target.device, target.dtype)
+        if isinstance(values, np.ndarray):
+            with warnings.catch_warnings():
+                # Decoded payloads are read-only views of the received bytes; the tensor is only ever read.
+                warnings.simplefilter("ignore", UserWarning)
+                # (ascontiguousarray would make a 0-d array, a scalar parameter's or a step count's, 1-d)
+                values = torch.from_numpy(
+                    values if values.flags.c_contiguous else np.ascontiguousarray(values)
+                )
+        return values.to(target.device, target.dtype if dtype is None else dtype)
 
     def assign(self, values: Arrays) -> None:
         with torch.no_grad():
@@ -102,7 +116,7 @@ class TorchAdapter:
             for name, array in values.items():
                 self.tensors[name].lerp_(self._on_device(name, array), 1.0 - mixing)
 
-    def shift(self, change: Arrays | Iterable[tuple[str, np.ndarray]]) -> None:
+    def shift(self, change: Arrays | Iterable[tuple[str, np.ndarray | torch.Tensor]]) -> None:
         """θ ← θ + change; `change` may be a lazy sequence of (name, array), applied one tensor at a time."""
         with torch.no_grad():
             for name, array in change.items() if isinstance(change, dict) else change:

@@ -14,20 +14,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..algorithms.method import Method
 from ..algorithms.robust import l2_norm
-from ..arrays import Arrays
+from ..arrays import Arrays, subtract_into
 from ..clock import REAL, Clock
 from ..engine.channel import Arrival, Contribution, Refused
 from ..errors import MailboxError, PayloadError, TrainingDiverged
 from ..events import Event
-from ..frameworks.base import host_arrays
 from ..mailbox.contract import Mailbox
 from ..wire import payload
 from ..wire.compress import compress
-from ..wire.error_feedback import encode_arrays_with_feedback
+from ..wire.fragment import HostBuffer, encode_fragment
 from . import keys, records
 from .chain import apply_change, params_at
 from .leader import Leadership
@@ -64,17 +61,19 @@ class Courier:
         compression: str | None,
         clock: Clock = REAL,
         beat_seconds: float | None = None,
+        on_device: Callable[[Arrays], dict] | None = None,  # a commit's parameters to the model's device
     ) -> None:
         """beat_seconds: how often the lease is renewed (default: a fraction of the lease, leader.py)."""
         self.mailbox, self.run, self.method, self.node_id = mailbox, run, method, node_id
-        self.latest = latest  # fragment -> (version, params): the newest commit this node holds
-        self.emit, self.status, self.clock = emit, status, clock
+        self.latest = latest  # fragment -> (version, params): the newest commit this node holds, on host
+        self.emit, self.status, self.clock, self.on_device = emit, status, clock, on_device or dict
         self.wire = method.wire()
         self.encoding, self.compression = self.wire.delta_dtype or "F32", compression
         # Error feedback: fragment -> what this node's encoding has lost so far, and the residual after the
         # contribution in flight, which replaces it only once that contribution is merged.
         self.residual: dict[int, Arrays] = {}
         self.residual_in_flight: dict[int, Arrays] = {}
+        self.buffer = HostBuffer()  # where contributions encoded on the device come to host
         self.poll_seconds, self.lease_seconds = poll_seconds, lease_seconds
         self.beat_seconds = beat_seconds if beat_seconds is not None else beat_interval(lease_seconds)
         self.watch_seconds = min(self.beat_seconds, WATCH_SECONDS)
@@ -159,6 +158,10 @@ class Courier:
             return self.inbox.get(timeout=max(0.0, deadline - self.clock.now()))
         except queue.Empty:
             return None
+
+    def anchors(self) -> dict[int, tuple[int, dict]]:
+        """The commits this node holds, brought to the model's device: the node's anchors to start from."""
+        return {q: (version, self.on_device(params)) for q, (version, params) in self.latest.items()}
 
     def newest(self) -> list[int]:
         return list(self.head)
@@ -282,16 +285,14 @@ class Courier:
                          "bytes": len(data), "blob": sha}))  # fmt: skip
 
     def _prepare(self, item: Contribution, round_: int) -> tuple[bytes, str, float] | None:
-        # The snapshot to host, here on the communication thread (a view, for a tensor already in host
-        # memory); then Δ = θ_anchor − θ_local in its own buffer: no second copy of the fragment. The dict is
-        # the node's record of the contribution too: it holds Δ from now on.
+        # Δ = θ_anchor − θ_local in the snapshot's own buffers, where they are (the model's device), here on
+        # the communication thread: no second copy of the fragment. The snapshot is the node's record of the
+        # contribution too: it holds Δ from now on.
         delta = item.snapshot
-        delta.update(host_arrays(delta))
         for name, values in delta.items():
-            np.subtract(item.anchor[name], values, out=values)
-        norm = l2_norm(
-            self.run.judged(delta)
-        )  # reported, so the merger can judge each contribution against the others
+            subtract_into(item.anchor[name], values)
+        # Its norm is reported, so that the merger can judge each contribution against the others.
+        norm = l2_norm(self.run.judged(delta))
         if (reason := self.own_norms.judge(item.fragment, norm, item.steps)) is not None:
             self.emit(Event("contribution_refused", self.node_id, f"fragment {item.fragment} round {round_}: "
                             f"{reason}; not published", {"fragment": item.fragment, "round": round_,
@@ -308,13 +309,12 @@ class Courier:
         return data, payload.digest(data), norm
 
     def _encode(self, fragment: int, delta: Arrays, header: dict) -> bytes:
-        if self.wire.error_feedback:
-            encoded, self.residual_in_flight[fragment] = encode_arrays_with_feedback(
-                delta, self.residual.get(fragment), self.encoding
-            )
-            data = payload.pack_encoded(encoded, header, encoding=self.encoding)
-        else:
-            data = payload.pack(delta, header, encoding=self.encoding)
+        # On the model's device where the encoding allows it: then only the encoded bytes come to host.
+        encoded, residual = encode_fragment(delta, self.encoding, feedback=self.wire.error_feedback,
+                                            residual=self.residual.get(fragment), buffer=self.buffer)  # fmt: skip
+        if residual is not None:  # with error feedback: what this encoding lost, for the next one
+            self.residual_in_flight[fragment] = residual
+        data = payload.pack_encoded(encoded, header, encoding=self.encoding)
         return compress(data) if self.compression == "zstd" else data
 
     def _poll_head(self) -> None:
@@ -355,7 +355,7 @@ class Courier:
         mine, rejected = self._fate_of_mine(fragment, version, record)
         self._news = True
         self.latest[fragment] = (version, params)
-        self.inbox.put(Arrival(fragment, version, params, mine, rejected))
+        self.inbox.put(Arrival(fragment, version, self.on_device(params), mine, rejected))
 
     def _fate_of_mine(self, fragment: int, version: int, record: dict) -> tuple[str | None, str | None]:
         """(What became of this node's contribution awaiting it, the merger's reason if it was rejected.)"""

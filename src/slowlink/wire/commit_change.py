@@ -8,7 +8,7 @@ the committed parameters trail the merger's true ones by one residual, never by 
 
 from ..arrays import Arrays
 from . import payload
-from .error_feedback import encode_arrays_with_feedback
+from .fragment import encode_fragment
 
 
 def encode_change(
@@ -17,7 +17,7 @@ def encode_change(
     """(the committed parameters, the change's payload, the new residual). PayloadError when the change
     cannot be encoded (e.g. beyond F16's range): the commit then goes out in full."""
     change = {name: params[name] - anchor[name] for name in params}
-    encoded, residual = encode_arrays_with_feedback(change, residual, encoding)
+    encoded, residual = encode_fragment(change, encoding, feedback=True, residual=residual)
     data = payload.pack_encoded(encoded, header | {"kind": "change"}, encoding=encoding)
     decoded, _ = payload.unpack(data)
     return {name: anchor[name] + decoded[name] for name in params}, data, residual

@@ -71,16 +71,18 @@ def _chunks(size: int, step: int) -> Iterator[slice]:
     return (slice(start, start + step) for start in range(0, size, step))
 
 
-def _largest_magnitude(flat: np.ndarray) -> float:
-    """max |value|, NaN if any value is NaN; min and max are each faster than one pass of np.abs."""
-    return max(-float(flat.min()), float(flat.max())) if flat.size else 0.0
+def largest_magnitude(flat: np.ndarray) -> float:
+    """max |value| of a flat numpy array or torch tensor, NaN if any value is NaN; min and max are each faster
+    than one pass of abs."""
+    return max(-float(flat.min()), float(flat.max())) if flat.shape[0] else 0.0
 
 
-def _refuse(largest: float, limit: float, name: str, values: np.ndarray) -> None:
-    """Raise PayloadError unless `largest` (a magnitude) is under `limit`; NaN never is."""
+def refuse(largest: float, limit: float, name: str, values: np.ndarray) -> None:
+    """Raise PayloadError unless `largest` (a magnitude) is under `limit`; NaN never is. `values`, a numpy
+    array or a torch tensor, are counted only to say why."""
     if largest < limit:
         return
-    nonfinite = int(np.count_nonzero(~np.isfinite(values)))
+    nonfinite = int(((values != values) | (abs(values) == np.inf)).sum())  # NaN, ±inf; operators serve both
     if nonfinite:
         raise PayloadError(
             f"{nonfinite} values are NaN or infinite; payloads never carry them (did training diverge?)"
@@ -124,7 +126,7 @@ def _unpad(blocks: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 def _encode_f32(values: np.ndarray) -> dict[str, np.ndarray]:
     flat = _flat_f32(values)
-    _refuse(_largest_magnitude(flat), np.inf, "F32", flat)
+    refuse(largest_magnitude(flat), np.inf, "F32", flat)
     return {"": flat}
 
 
@@ -137,7 +139,7 @@ def _encode_f16(values: np.ndarray) -> dict[str, np.ndarray]:
     flat, scratch = _flat_f32(values), Scratch()
     out = np.empty(flat.size, np.uint16)
     for part in _chunks(flat.size, CHUNK_BLOCKS * BLOCK):
-        _refuse(_largest_magnitude(flat[part]), F16_LIMIT, "F16", flat[part])
+        refuse(largest_magnitude(flat[part]), F16_LIMIT, "F16", flat[part])
         magnitude = np.abs(flat[part], out=scratch("magnitude", np.float32, flat[part].shape))
         round_codes(magnitude, flat[part], FP16, scratch, out[part])
     return {"": out.view(np.float16)}
@@ -156,7 +158,7 @@ def _encode_bf16(values: np.ndarray) -> dict[str, np.ndarray]:
     flat, scratch = _flat_f32(values), Scratch()
     bits, out = flat.view(np.uint32), np.empty(flat.size, np.uint16)
     for part in _chunks(flat.size, CHUNK_BLOCKS * BLOCK):
-        _refuse(_largest_magnitude(flat[part]), BF16_LIMIT, "BF16", flat[part])
+        refuse(largest_magnitude(flat[part]), BF16_LIMIT, "BF16", flat[part])
         # Round half to even: add 0x7FFF plus the lowest kept bit, then keep the high half.
         rounded = np.right_shift(bits[part], 16, out=scratch("rounded", np.uint32, bits[part].shape))
         rounded &= 1
@@ -201,7 +203,7 @@ def _exact_chunk(
     np.bitwise_and(chunk.view(np.int32), 0x7FFFFFFF, out=magnitude)
     # Each block's largest magnitude, compared as integers (faster than floats; NaN is largest).
     absmax = np.maximum.reduceat(magnitude.reshape(-1), np.arange(0, chunk.size, BLOCK)).view(np.float32)
-    _refuse(float(absmax.max()), SCALED_LIMIT, name, chunk)
+    refuse(float(absmax.max()), SCALED_LIMIT, name, chunk)
     k = scale_exponents(absmax, fmt)
     scaled = magnitude.view(np.float32)
     scaled *= pow2(-k)[:, None]
@@ -316,7 +318,7 @@ def _refuse_first_chunk(blocks: np.ndarray, bad_block: int) -> None:
     holds a value refused (the chunk of `bad_block`), and count that chunk's values that are not finite."""
     start = bad_block - bad_block % CHUNK_BLOCKS
     chunk = blocks[start : start + CHUNK_BLOCKS].reshape(-1)
-    _refuse(_largest_magnitude(chunk), SCALED_LIMIT, "F8_E4M3", chunk)
+    refuse(largest_magnitude(chunk), SCALED_LIMIT, "F8_E4M3", chunk)
 
 
 def _decode_f8(entries: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
@@ -328,8 +330,8 @@ def _decode_f8(entries: dict[str, np.ndarray], shape: tuple[int, ...]) -> np.nda
 
 def _encode_f8_tensor(values: np.ndarray) -> dict[str, np.ndarray]:
     flat, scratch = _flat_f32(values), Scratch()
-    absmax = _largest_magnitude(flat)
-    _refuse(absmax, SCALED_LIMIT, "F8_E4M3_TENSOR", flat)
+    absmax = largest_magnitude(flat)
+    refuse(absmax, SCALED_LIMIT, "F8_E4M3_TENSOR", flat)
     exponent = scale_exponents(np.array([absmax], np.float32), E4M3)
     inverse = pow2(-exponent)[0]
     codes = np.empty(flat.size, np.uint8)

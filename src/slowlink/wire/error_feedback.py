@@ -9,33 +9,20 @@ no feedback; GradientMail drops the error too). The residual is the node's own s
 
 import numpy as np
 
-from ..arrays import Arrays
+from ..arrays import float32_copy
 from .encodings import Encoding, get_encoding
 
 
 def error_feedback_encode(
     values: np.ndarray, residual: np.ndarray | None, encoding: str | Encoding
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Encode `values` plus the `residual` (None: zeros); return the entries and the new residual."""
+    """Encode `values` plus the `residual` (None: zeros); return the entries and the new residual. Operators
+    only: with a codec of wire/on_device.py, torch tensors are encoded on their device, residual included."""
     codec = get_encoding(encoding) if isinstance(encoding, str) else encoding
-    compensated = np.array(values, dtype=np.float32)  # a copy: the entries may share its memory
+    compensated = float32_copy(values)  # a copy: the entries may share its memory
     if residual is not None:
         if residual.shape != compensated.shape:
             raise ValueError(f"residual has shape {residual.shape}, values {compensated.shape}")
         compensated += residual
     entries = codec.encode(compensated)
     return entries, compensated - codec.decode(entries, compensated.shape)
-
-
-def encode_arrays_with_feedback(
-    arrays: Arrays, residual: Arrays | None, encoding: str
-) -> tuple[dict[str, tuple[tuple[int, ...], dict[str, np.ndarray]]], Arrays]:
-    """`error_feedback_encode` over a fragment: (name -> (shape, entries) for payload.pack_encoded, new residual)."""
-    codec = get_encoding(encoding)
-    encoded, new_residual = {}, {}
-    for name, values in arrays.items():
-        entries, new_residual[name] = error_feedback_encode(
-            values, None if residual is None else residual[name], codec
-        )
-        encoded[name] = (values.shape, entries)
-    return encoded, new_residual
