@@ -27,41 +27,6 @@ from _report import markdown_table, write_section  # noqa: E402
 
 STEPS, SYNC_EVERY, FRAGMENTS, STEP_SECONDS = 400, 50, 2, 0.02
 ROUNDS = STEPS // SYNC_EVERY * FRAGMENTS
-KINDS = ("rounds/", "commits/", "blobs/", "head.json", "nodes/", "leader.json", "summary.json", "run.json")
-
-
-class KeyCounter:
-    """Wraps a mailbox and counts requests by (verb, kind of key): where a round's requests go."""
-
-    def __init__(self, inner) -> None:
-        self.inner, self.counts = inner, Counter()
-
-    def _count(self, verb: str, key: str) -> None:
-        kind = next((kind for kind in KINDS if key.startswith(kind)), "other")
-        self.counts[f"{verb} {kind}"] += 1
-
-    def put(self, key, data, **options):
-        self._count("PUT", key)
-        return self.inner.put(key, data, **options)
-
-    def get(self, key, **options):
-        self._count("GET", key)
-        return self.inner.get(key, **options)
-
-    def list(self, prefix, **options):
-        self._count("LIST", prefix)
-        return self.inner.list(prefix, **options)
-
-    def delete(self, keys):
-        if keys:
-            self._count("DELETE", keys[0])
-        return self.inner.delete(keys)
-
-    def clock(self):
-        return self.inner.clock()
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 def train(args: dict, out: str) -> None:
@@ -90,9 +55,7 @@ def train(args: dict, out: str) -> None:
             step()
         Path(out).write_text(json.dumps({"wall": time.perf_counter() - started}))
         return
-    mailbox = KeyCounter(
-        sl.S3Mailbox(args["bucket"], args["prefix"], endpoint_url=args["url"], region=args["region"])
-    )
+    mailbox = sl.S3Mailbox(args["bucket"], args["prefix"], endpoint_url=args["url"], region=args["region"])
     algorithm = sl.DiLoCo(sync_every=SYNC_EVERY, fragments=FRAGMENTS)
     while not Path(args["go"]).exists():  # both processes start training together
         time.sleep(0.005)
@@ -103,7 +66,7 @@ def train(args: dict, out: str) -> None:
             session.step(samples=32)
     wall = time.perf_counter() - started
     stats = session.stats
-    Path(out).write_text(json.dumps({"wall": wall, "counts": dict(mailbox.counts), "merged": stats.rounds_merged,
+    Path(out).write_text(json.dumps({"wall": wall, "counts": dict(session.mailbox.kinds), "merged": stats.rounds_merged,
                                      "applied": stats.commits_applied}))  # fmt: skip
 
 
