@@ -353,9 +353,9 @@ class Courier:
         # The fate first: it may read the store, and if that fails nothing has changed, so the next turn
         # delivers this commit again instead of losing what became of this node's contribution.
         mine, rejected = self._fate_of_mine(fragment, version, record)
-        self._news = True
-        self.latest[fragment] = (version, params)
+        self._news = True  # queued first: whoever sees `latest` move finds the arrival waiting
         self.inbox.put(Arrival(fragment, version, self.on_device(params), mine, rejected))
+        self.latest[fragment] = (version, params)
 
     def _fate_of_mine(self, fragment: int, version: int, record: dict) -> tuple[str | None, str | None]:
         """(What became of this node's contribution awaiting it, the merger's reason if it was rejected.)"""
