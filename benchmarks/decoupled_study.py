@@ -38,6 +38,11 @@ def arms(nodes: int) -> dict[str, sl.DiLoCo]:
         ),  # fmt: skip
         "old default": sl.DiLoCo(sync_every=H, fragments=FRAGMENTS, adaptive_outer=False),
         "default": sl.DiLoCo(sync_every=H, fragments=FRAGMENTS),
+        "rda": sl.DiLoCo(sync_every=H, fragments=FRAGMENTS, merge=sl.RDA()),
+        "quality weights": sl.DiLoCo(
+            sync_every=H, fragments=FRAGMENTS, merge=sl.WeightedMean(weights="quality")
+        ),
+        "flush on close": sl.DiLoCo(sync_every=H, fragments=FRAGMENTS, flush_on_close=True),
     }
 
 
@@ -99,7 +104,7 @@ def simulate(method: sl.DiLoCo, nodes: int, speeds: list[float], round_in_syncs:
             "commits": len(result.commits), "stalled": max(r.stalled_seconds for r in result.workers)}  # fmt: skip
 
 
-def study(node_counts: list[int], rounds: tuple[float, ...]) -> list[dict]:
+def study(node_counts: list[int], rounds: tuple[float, ...], chosen: list[str]) -> list[dict]:
     rows = []
     for nodes in node_counts:
         for mix, speeds in (
@@ -108,6 +113,8 @@ def study(node_counts: list[int], rounds: tuple[float, ...]) -> list[dict]:
         ):
             for round_in_syncs in rounds:
                 for arm, method in arms(nodes).items():
+                    if arm not in chosen:
+                        continue
                     started = time.perf_counter()
                     row = {"nodes": nodes, "speeds": mix, "round": round_in_syncs, "arm": arm}
                     row.update(simulate(method, nodes, speeds, round_in_syncs))
@@ -123,7 +130,8 @@ def plot(rows: list[dict], single: float) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, len(ROUND_IN_SYNCS), figsize=(13, 4), sharey=True)
-    colors = {"barrier": "black", "averaging": "tab:green", "old default": "tab:red", "default": "tab:blue"}
+    colors = {"barrier": "black", "averaging": "tab:green", "old default": "tab:red", "default": "tab:blue",
+              "rda": "tab:purple", "flush on close": "tab:orange"}  # fmt: skip
     for axis, round_in_syncs in zip(axes, ROUND_IN_SYNCS, strict=True):
         for arm, color in colors.items():
             for mix, style in (("1:1", "-"), ("1:2", "--")):
@@ -148,25 +156,34 @@ def plot(rows: list[dict], single: float) -> None:
 
 
 def report(rows: list[dict], single: float) -> str:
-    header = ["nodes", "speeds", "round / H steps", "barrier", "averaging", "old default", "default",
-              "barrier wall s", "default wall s (fastest node)"]  # fmt: skip
+    names = list(dict.fromkeys(r["arm"] for r in rows))
+    header = ["nodes", "speeds", "round / H steps", *names, "barrier wall s", "default wall s (fastest node)"]
     table = []
     for key in dict.fromkeys((r["nodes"], r["speeds"], r["round"]) for r in rows):
         by_arm = {r["arm"]: r for r in rows if (r["nodes"], r["speeds"], r["round"]) == key}
-        default = by_arm["default"]
-        table.append([*key, *(f"{by_arm[arm]['loss']:.4f}" for arm in ("barrier", "averaging", "old default", "default")),
-                      f"{by_arm['barrier']['wall']:.1f}", f"{default['wall']:.1f} ({default['fast_wall']:.1f})"])  # fmt: skip
+        walls = [f"{by_arm['barrier']['wall']:.1f}" if "barrier" in by_arm else "",
+                 f"{by_arm['default']['wall']:.1f} ({by_arm['default']['fast_wall']:.1f})" if "default" in by_arm else ""]  # fmt: skip
+        table.append([*key, *(f"{by_arm[arm]['loss']:.4f}" for arm in names), *walls])
     return f"One node alone, {STEPS} steps: held-out MSE {single:.4f}.\n\n" + markdown_table(header, table)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 nodes only, and write nothing")
+    parser.add_argument(
+        "--arms", default=",".join(arms(2)), help="which arms, comma-separated (all by default)"
+    )
+    parser.add_argument(
+        "--rounds", default=",".join(map(str, ROUND_IN_SYNCS)), help="round lengths in H steps"
+    )
     args = parser.parse_args()
+    chosen = args.arms.split(",")
+    if unknown := set(chosen) - set(arms(2)):
+        parser.error(f"--arms: no arm named {sorted(unknown)}; choose from {', '.join(arms(2))}")
     torch.set_num_threads(1)
     single = alone()
     print(f"one node alone: {single:.4f}")
-    rows = study([2] if args.quick else [2, 4, 8], ROUND_IN_SYNCS)
+    rows = study([2] if args.quick else [2, 4, 8], tuple(float(r) for r in args.rounds.split(",")), chosen)
     body = report(rows, single)
     print(body)
     if not args.quick:

@@ -39,6 +39,11 @@ def train(args: dict, out: str) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     generator = torch.Generator().manual_seed(100 + args["node"])
+    held_out = torch.randn(2048, 8, generator=torch.Generator().manual_seed(99_999))
+
+    def held_out_loss() -> float:
+        with torch.no_grad():
+            return float(torch.nn.functional.mse_loss(model(held_out), held_out.sin().sum(1, keepdim=True)))
 
     def step() -> None:
         started = time.perf_counter()
@@ -53,10 +58,13 @@ def train(args: dict, out: str) -> None:
         started = time.perf_counter()
         for _ in range(STEPS):
             step()
-        Path(out).write_text(json.dumps({"wall": time.perf_counter() - started}))
+        Path(out).write_text(json.dumps({"wall": time.perf_counter() - started, "loss": held_out_loss()}))
         return
     mailbox = sl.S3Mailbox(args["bucket"], args["prefix"], endpoint_url=args["url"], region=args["region"])
-    algorithm = sl.DiLoCo(sync_every=SYNC_EVERY, fragments=FRAGMENTS)
+    options = dict(args.get("options", {}))  # JSON: a merge rule comes by name
+    if options.get("merge") == "RDA":
+        options["merge"] = sl.RDA()
+    algorithm = sl.DiLoCo(sync_every=SYNC_EVERY, fragments=FRAGMENTS, **options)
     while not Path(args["go"]).exists():  # both processes start training together
         time.sleep(0.005)
     started = time.perf_counter()
@@ -66,16 +74,19 @@ def train(args: dict, out: str) -> None:
             session.step(samples=32)
     wall = time.perf_counter() - started
     stats = session.stats
+    # After leaving, the node holds the newest commits: the loss is the committed model's.
     Path(out).write_text(json.dumps({"wall": wall, "counts": dict(session.mailbox.kinds), "merged": stats.rounds_merged,
-                                     "applied": stats.commits_applied}))  # fmt: skip
+                                     "applied": stats.commits_applied, "loss": held_out_loss()}))  # fmt: skip
 
 
-def run_pair(endpoint, folder: str) -> list[dict]:
+def run_pair(endpoint, folder: str, options: dict | None = None) -> list[dict]:
+    """Both nodes' results (wall, request counts, the committed model's held-out loss); `options` are more
+    keyword arguments of sl.DiLoCo."""
     prefix, go = f"slowlink-bench/{uuid.uuid4().hex}", f"{folder}/go"
     procs = []
     for node in range(2):
         args = {"url": endpoint.url, "bucket": endpoint.bucket, "region": endpoint.region, "prefix": prefix,
-                "node": node, "plain": False, "go": go}  # fmt: skip
+                "node": node, "plain": False, "go": go, "options": options or {}}  # fmt: skip
         procs.append(
             subprocess.Popen(
                 [sys.executable, __file__, "--worker", json.dumps(args), f"{folder}/{node}.json"]
@@ -91,10 +102,11 @@ def run_pair(endpoint, folder: str) -> list[dict]:
     return results
 
 
-def run_plain(folder: str) -> float:
+def run_plain(folder: str) -> dict:
+    """The plain loop alone on node 0's data: its wall and held-out loss."""
     subprocess.run([sys.executable, __file__, "--worker", json.dumps({"node": 0, "plain": True}), f"{folder}/plain.json"],
                    check=True)  # fmt: skip
-    return json.loads(Path(f"{folder}/plain.json").read_text())["wall"]
+    return json.loads(Path(f"{folder}/plain.json").read_text())
 
 
 def main() -> None:
@@ -110,7 +122,7 @@ def main() -> None:
     with open_s3_endpoint() as endpoint, tempfile.TemporaryDirectory() as folder:
         store = "moto on 127.0.0.1" if endpoint.is_moto else endpoint.url
         for _ in range(options.repeats):
-            plain_walls.append(run_plain(folder))
+            plain_walls.append(run_plain(folder)["wall"])
             results = run_pair(endpoint, folder)
             pair_walls.append(max(result["wall"] for result in results))
             total = Counter()

@@ -61,7 +61,7 @@ def test_every_module_imports_only_its_own_layer_and_the_layers_below():
 def test_the_public_surface_is_exactly_this():
     assert sorted(sl.__all__) == [
         "BalancedBytes", "ConfigError", "ContributionRefused", "DeMo", "DiLoCo", "DirMailbox", "Event", "MailboxError", "MemoryMailbox",
-        "NormClippedMean", "PayloadError", "RunConfigMismatch", "S3Mailbox", "SchemaMismatch", "Session",
+        "NormClippedMean", "PayloadError", "RDA", "RunConfigMismatch", "S3Mailbox", "SchemaMismatch", "Session",
         "SessionStateError", "SessionStats", "SlowlinkError", "Strided", "TrainingDiverged", "TrimmedMean",
         "WeightedMean", "align", "checkpoint",
     ]  # fmt: skip

@@ -4,6 +4,7 @@ from . import checkpoint
 from .algorithms.diloco import DiLoCo
 from .algorithms.merge import WeightedMean
 from .algorithms.partition import BalancedBytes, Strided
+from .algorithms.rda import RDA
 from .algorithms.robust import NormClippedMean, TrimmedMean
 from .align import align
 from .errors import (
@@ -47,6 +48,7 @@ __all__ = [
     "MailboxError",
     "MemoryMailbox",
     "NormClippedMean",
+    "RDA",
     "PayloadError",
     "S3Mailbox",
     "RunConfigMismatch",

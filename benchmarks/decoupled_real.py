@@ -1,0 +1,79 @@
+"""Decoupled DiLoCo in real runs: the configurations of issue 12's table, two processes over moto's S3 server,
+the held-out loss of the committed model and the wall time against the plain loop (the simulator's study is
+decoupled_study.py; this confirms it on the real code, store and clock).
+
+    python benchmarks/decoupled_real.py              # 3 repeats of 5 arms, about 6 minutes on 2 cores
+
+The workload is s3_requests.py's: an MLP (8-64-1) fitting sum(sin(x)), Adam lr 1e-2, batches of 32, 400 steps
+of 20 ms, DiLoCo(sync_every=50, fragments=2), each node on its own seeded stream; one node alone trains the
+same 400 steps on node 0's stream. The committed model is what each node holds after leaving; the table
+gives the mean over both nodes and the repeats, and the slower node's wall (median).
+"""
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).parent))
+from _report import markdown_table, write_section  # noqa: E402
+from s3_requests import run_pair, run_plain  # noqa: E402
+
+ARMS = {
+    "default (quorum 1, no barrier)": {},
+    "quorum_size=2, no barrier": {"quorum_size": 2},
+    "quorum_size=2, overlap_steps=0 (standard DiLoCo)": {"quorum_size": 2, "overlap_steps": 0},
+    "same, outer_lr=1, outer_momentum=0 (averaging)": {"quorum_size": 2, "overlap_steps": 0, "outer_lr": 1.0,
+                                                        "outer_momentum": 0.0},
+    "default, merge=sl.RDA()": {"merge": "RDA"},
+}  # fmt: skip
+
+
+def main() -> None:
+    from tests.s3server import open_s3_endpoint
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md as it is"
+    )
+    options = parser.parse_args()
+    plain, losses, walls = [], {arm: [] for arm in ARMS}, {arm: [] for arm in ARMS}
+    with open_s3_endpoint() as endpoint, tempfile.TemporaryDirectory() as folder:
+        for repeat in range(options.repeats):
+            plain.append(run_plain(folder))
+            for arm, kwargs in ARMS.items():
+                results = run_pair(endpoint, folder, kwargs)
+                losses[arm].extend(result["loss"] for result in results)
+                walls[arm].append(max(result["wall"] for result in results))
+                print(f"repeat {repeat}: {arm}: loss {[round(r['loss'], 4) for r in results]}, "
+                      f"wall {walls[arm][-1]:.2f} s", flush=True)  # fmt: skip
+    plain_wall = statistics.median(p["wall"] for p in plain)
+    alone = statistics.mean(p["loss"] for p in plain)
+    standard = statistics.mean(losses["quorum_size=2, overlap_steps=0 (standard DiLoCo)"])
+    rows = [["one node alone, same 400 steps", f"{alone:.4f}", "", f"{plain_wall:.2f} s"]]
+    for arm in ARMS:
+        loss, wall = statistics.mean(losses[arm]), statistics.median(walls[arm])
+        rows.append([arm, f"{loss:.4f}", f"{loss / standard:.2f}×", f"{100 * (wall / plain_wall - 1):+.1f}%"])
+    table = markdown_table(
+        ["configuration", "held-out MSE", "over standard DiLoCo", "wall over the plain loop"], rows
+    )
+    print(table)
+    if options.no_write:
+        return
+    body = f"""Command: `python benchmarks/decoupled_real.py --repeats {options.repeats}`
+
+Two processes over moto's S3 server on 127.0.0.1, the workload of `s3_requests.py` (an MLP fitting
+sum(sin(x)), 400 steps of 20 ms, `DiLoCo(sync_every=50, fragments=2)`); the held-out MSE of the committed
+model, mean over both nodes and {options.repeats} repeats; wall: the slower node's, median, against the plain
+loop's in the same kind of process.
+
+{table}
+"""
+    write_section("decoupled-real", "Decoupled DiLoCo in real runs over S3", body)
+
+
+if __name__ == "__main__":
+    main()
