@@ -4,7 +4,7 @@ entries `extra/<i>`; everything else tagged JSON in the file's header, so that t
 non-finite floats come back as they were. Nothing is pickled: an object of another kind is refused, naming
 where it sits."""
 
-import math
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +13,7 @@ from safetensors import SafetensorError, safe_open
 from ..errors import ConfigError, PayloadError
 from ..protocol.records import MAX_RECORD_BYTES
 from ..wire import bounded_json
+from .tagged import from_tagged, to_tagged
 
 PREFIX = "extra/"
 
@@ -26,37 +27,16 @@ def extra_to_json(extra: object, tensors: dict) -> dict:
             f"extra={type(extra).__name__} must be a dict, e.g. {{'scheduler': sched.state_dict()}}"
         )
 
-    count = [0]  # entries named so far
+    numbers = itertools.count()
 
-    def encode(value: object, where: str) -> object:
-        if isinstance(value, np.ndarray) and value.dtype.hasobject:
-            raise ConfigError(f"{where} is a numpy array of Python objects; a checkpoint stores numbers only")
-        if isinstance(value, torch.Tensor | np.ndarray):
-            key, count[0] = f"{PREFIX}{count[0]}", count[0] + 1
-            # A copy: safetensors refuses tensors that share memory, and the caller may change theirs.
-            tensors[key] = (torch.from_numpy(np.array(value)) if isinstance(value, np.ndarray)
-                            else value.detach().to("cpu", copy=True).contiguous())  # fmt: skip
-            return {"ndarray" if isinstance(value, np.ndarray) else "tensor": key}
-        if isinstance(value, np.generic):
-            value = value.item()  # a numpy scalar: its Python number
-        if isinstance(value, float) and not math.isfinite(value):
-            return {"float": repr(value)}  # JSON has no NaN or infinity
-        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) < value < 2**63:
-            return {
-                "int": str(value)
-            }  # beyond what the header's JSON reader takes (a PCG64 state's 128 bits)
-        if value is None or isinstance(value, bool | int | float | str):
-            return value
-        if isinstance(value, dict):
-            return {"dict": [[encode(k, where), encode(v, f"{where}[{k!r}]")] for k, v in value.items()]}
-        if isinstance(value, tuple):
-            return {"tuple": [encode(v, f"{where}[{i}]") for i, v in enumerate(value)]}
-        if isinstance(value, list):
-            return [encode(v, f"{where}[{i}]") for i, v in enumerate(value)]
-        raise ConfigError(f"{where} is a {type(value).__name__}; a checkpoint's extra holds tensors, numpy arrays, "
-                          "numbers, strings, None, lists, tuples and dicts (never pickled objects)")  # fmt: skip
+    def store(value: object) -> str:
+        key = f"{PREFIX}{next(numbers)}"
+        # A copy: safetensors refuses tensors that share memory, and the caller may change theirs.
+        tensors[key] = (torch.from_numpy(np.array(value)) if isinstance(value, np.ndarray)
+                        else value.detach().to("cpu", copy=True).contiguous())  # fmt: skip
+        return key
 
-    return {"dict": [[key, encode(value, f"extra[{key!r}]")] for key, value in extra.items()]}
+    return to_tagged(extra, store, "extra")
 
 
 def check_readable(header: str) -> None:
@@ -75,28 +55,7 @@ def extra_from_file(path: Path, saved: object) -> dict:
         return {}
     try:
         with safe_open(path, framework="pt") as opened:
-
-            def decode(value: object) -> object:
-                if isinstance(value, list):
-                    return [decode(v) for v in value]
-                if not isinstance(value, dict):
-                    return value
-                ((tag, body),) = value.items()
-                if tag == "tensor" and isinstance(body, str) and body.startswith(PREFIX):
-                    return opened.get_tensor(body)
-                if tag == "ndarray" and isinstance(body, str) and body.startswith(PREFIX):
-                    return opened.get_tensor(body).numpy()
-                if tag == "float" and body in ("nan", "inf", "-inf"):
-                    return float(body)
-                if tag == "int" and isinstance(body, str) and len(body) <= 64:
-                    return int(body)
-                if tag == "tuple":
-                    return tuple(decode(v) for v in body)
-                if tag == "dict":
-                    return {decode(k): decode(v) for k, v in body}
-                raise ValueError(f"unknown tag {tag!r}")
-
-            extra = decode(saved)
+            extra = from_tagged(saved, opened, PREFIX)
     except (SafetensorError, ValueError, TypeError, KeyError, AttributeError) as error:
         raise PayloadError(
             f"{path}: the extra state cannot be read ({error}); use an earlier checkpoint"

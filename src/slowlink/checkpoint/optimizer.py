@@ -1,13 +1,17 @@
 """A torch optimizer's state_dict in a checkpoint: its tensors as safetensors entries `optimizer/<i>`, the rest
-(param_groups, numbers) as tagged JSON, so that tuples and integer keys come back as they were. No pickle."""
+(param_groups, numbers) as tagged JSON (tagged.py), so that tuples and integer keys come back as they were. No pickle."""
 
 from pathlib import Path
 
+import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from ..errors import ConfigError, PayloadError
 from ..session import Session
 from .file import check_fields
+from .tagged import from_tagged, to_tagged
+
+PREFIX = "optimizer/"
 
 
 def optimizer_to_json(optimizer: object, tensors: dict) -> dict:
@@ -19,27 +23,17 @@ def optimizer_to_json(optimizer: object, tensors: dict) -> dict:
 
     named: dict[int, str] = {}  # a tensor named twice is stored once: safetensors refuses shared memory
 
-    def encode(value: object) -> object:
-        if isinstance(value, torch.Tensor):
-            if id(value) not in named:
-                named[id(value)] = key = f"optimizer/{len(tensors)}"
-                tensors[key] = value.detach().to("cpu").contiguous()
-            return {"tensor": named[id(value)]}
-        if isinstance(value, dict):
-            return {"dict": [[encode(k), encode(v)] for k, v in value.items()]}
-        if isinstance(value, tuple):
-            return {"tuple": [encode(v) for v in value]}
-        if isinstance(value, list):
-            return [encode(v) for v in value]
-        if value is None or isinstance(value, bool | int | float | str):
-            return value
-        raise ConfigError(f"the optimizer's state holds a {type(value).__name__}; a checkpoint stores tensors, "
-                          "numbers, strings, lists, tuples and dicts")  # fmt: skip
+    def store(value: object) -> str:
+        if id(value) not in named:
+            named[id(value)] = key = f"{PREFIX}{len(tensors)}"
+            tensors[key] = (torch.from_numpy(np.array(value)) if isinstance(value, np.ndarray)
+                            else value.detach().to("cpu").contiguous())  # fmt: skip
+        return named[id(value)]
 
     return {
         "class": type(optimizer).__qualname__,
         "shapes": [[list(p.shape) for p in group["params"]] for group in optimizer.param_groups],
-        "state": encode(optimizer.state_dict()),
+        "state": to_tagged(optimizer.state_dict(), store, "the optimizer's state"),
     }
 
 
@@ -70,22 +64,7 @@ def optimizer_from_file(path: Path, header: dict, optimizer: object, session: Se
                                   "the same order")  # fmt: skip
     try:
         with safe_open(path, framework="pt") as opened:
-
-            def decode(value: object) -> object:
-                if isinstance(value, list):
-                    return [decode(v) for v in value]
-                if not isinstance(value, dict):
-                    return value
-                ((tag, body),) = value.items()
-                if tag == "tensor":
-                    return opened.get_tensor(body)
-                if tag == "tuple":
-                    return tuple(decode(v) for v in body)
-                if tag == "dict":
-                    return {decode(k): decode(v) for k, v in body}
-                raise ValueError(f"unknown tag {tag!r}")
-
-            state = decode(saved["state"])
+            state = from_tagged(saved["state"], opened, PREFIX)
     except (SafetensorError, ValueError, TypeError, KeyError) as error:
         raise PayloadError(f"{path}: the optimizer's state cannot be read ({error}); use an earlier "
                            "checkpoint, or pass optimizer=None to start the optimizer afresh") from None  # fmt: skip
