@@ -76,7 +76,8 @@ def train(args: dict, out: str) -> None:
     stats = session.stats
     # After leaving, the node holds the newest commits: the loss is the committed model's.
     Path(out).write_text(json.dumps({"wall": wall, "counts": dict(session.mailbox.kinds), "merged": stats.rounds_merged,
-                                     "applied": stats.commits_applied, "loss": held_out_loss()}))  # fmt: skip
+                                     "applied": stats.commits_applied, "loss": held_out_loss(),
+                                     "versions": list(stats.versions)}))  # fmt: skip
 
 
 def run_pair(endpoint, folder: str, options: dict | None = None) -> list[dict]:
