@@ -37,6 +37,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", help="run only the arms whose name holds this text (and write nothing)")
     parser.add_argument(
         "--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md as it is"
     )

@@ -51,3 +51,16 @@ def test_a_fast_and_a_slow_node_with_quorum_one_commit_a_model_as_good_as_the_fa
     assert all(why == "leaving" for _, _, why in fast.stalls)  # the fast node never waits for a round
     assert fast.wall_seconds < 0.6 * slow.wall_seconds
     assert study.held_out(result.models[1]) <= single  # the slow node leaves last, with the newest commits
+
+
+def test_two_nodes_drifting_out_of_phase_are_still_merged_into_the_same_rounds():
+    """Speeds 1 : 1.06 move the slower node's syncs 3 steps a sync against the other's: after a few syncs they
+    are a quarter of a period apart. A grace window of a quarter period (the old default) then lets each node
+    commit alternate rounds alone; half a period keeps both in every round."""
+    result = study.sim.run(sl.DiLoCo(sync_every=study.H, fragments=study.FRAGMENTS), study.make_model,
+                           study.batches, loss=study.mse, workers=2, steps=study.STEPS,
+                           step_seconds=[study.STEP_SECONDS, 1.06 * study.STEP_SECONDS],
+                           network=study.network(0.2), seed=0)  # fmt: skip
+    merged = [len(commit.contributors) for commit in result.commits]
+    assert sum(count == 2 for count in merged) >= 0.85 * len(merged), merged
+    assert len(merged) <= 16  # 8 rounds a fragment at most: no round of one node between two of both

@@ -265,12 +265,14 @@ def quorum_reached(rounds: Rounds, accepted: int) -> bool:
 
 
 def grace_seconds(rounds: Rounds, step_seconds: list[float]) -> float:
-    """How long a round with its quorum waits for the other live nodes: `grace_seconds`, or, adaptive, half
-    the steps between two fragment syncs at the contributors' median step time, at most 30 s."""
+    """How long a round with its quorum waits for the other live nodes: `grace_seconds`, or, adaptive, half a
+    sync (H/2 steps) at the contributors' median step time, at most 30 s. Nodes of equal speed drift apart
+    in phase; a window of half the fragment's period takes every node less than half a period behind into
+    the round, where a shorter one let two drifting nodes commit alternate rounds alone, each with half
+    the weight (docs/decoupled.md, "Phase")."""
     if rounds.grace_seconds is not None:
         return rounds.grace_seconds
-    spacing = max(1, rounds.sync_every // rounds.fragments)
-    return min(30.0, 0.5 * spacing * statistics.median(step_seconds))
+    return min(30.0, 0.5 * rounds.sync_every * statistics.median(step_seconds))
 
 
 def round_shape(
