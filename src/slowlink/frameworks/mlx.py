@@ -22,10 +22,17 @@ on the host (no `clone`): MLX arrays live in memory the CPU shares.
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
 
-import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
-from mlx.utils import tree_flatten, tree_unflatten
+
+try:
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten, tree_unflatten
+except ImportError as error:  # on Linux, plain `mlx` installs but cannot load: it has no libmlx.so
+    raise ImportError(
+        f"slowlink's MLX adapter needs a working MLX ({error}): pip install 'slowlink[mlx]', or on Linux "
+        "pip install 'mlx[cpu]' (the plain mlx wheel has no Linux backend)"
+    ) from error
 
 from ..arrays import Arrays
 from ..errors import ConfigError
