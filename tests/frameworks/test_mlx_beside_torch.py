@@ -1,5 +1,5 @@
-"""An MLX node and a PyTorch node train one run over a directory, as two processes: every round merges both,
-both learn, and the committed model loads into either framework with the very same values."""
+"""An MLX node (in a process without torch) and a PyTorch node train one run over a directory: every round
+merges both, both learn, and the committed model loads into either framework with the very same values."""
 
 import json
 import subprocess
@@ -28,7 +28,8 @@ STEPS, ROUNDS = 30, 6  # sync_every=5
 
 def test_an_mlx_node_and_a_torch_node_train_together_and_their_commit_loads_identically_into_both(tmp_path):
     mailbox = tmp_path / "run"
-    # The MLX node, in its own process, creates the run; the torch node, in this one, joins it.
+    # The MLX node, in its own process, where torch cannot be imported, creates the run; the torch node, in
+    # this one, joins it.
     args = {"node": 0, "steps": STEPS, "mailbox": str(mailbox), "events": str(tmp_path / "mlx.events")}
     mlx_node = subprocess.Popen([sys.executable, str(NODE), json.dumps({**args, "framework": "mlx"}),
                                  str(tmp_path / "mlx.json")])  # fmt: skip

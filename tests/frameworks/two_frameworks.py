@@ -96,4 +96,7 @@ def main(args: dict, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(json.loads(sys.argv[1]), sys.argv[2])
+    arguments = json.loads(sys.argv[1])
+    if arguments["framework"] == "mlx":
+        sys.modules["torch"] = None  # importing torch now fails: an MLX machine needs none
+    main(arguments, sys.argv[2])
