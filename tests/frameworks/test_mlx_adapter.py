@@ -207,3 +207,31 @@ def test_importing_slowlink_never_imports_mlx():
     probe = "import sys, slowlink, slowlink.frameworks; assert 'mlx' not in sys.modules, sorted(sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_convolution_weights_travel_in_torchs_layout_and_compute_the_same_function():
+    """MLX keeps a convolution's input channels last; the run holds torch's layout, so the same values give
+    the same outputs (inputs laid out channels-last for MLX) and the same digests when frozen."""
+    theirs = torch.nn.Sequential(torch.nn.Conv2d(3, 5, 3, padding=1, groups=1), torch.nn.Tanh(),
+                                 torch.nn.Conv2d(5, 4, 3, padding=1), torch.nn.Tanh(),
+                                 torch.nn.ConvTranspose2d(4, 2, 2, stride=2))  # fmt: skip
+    ours = mnn.Sequential(mnn.Conv2d(3, 5, 3, padding=1), mnn.Tanh(), mnn.Conv2d(5, 4, 3, padding=1), mnn.Tanh(),
+                          mnn.ConvTranspose2d(4, 2, 2, stride=2))  # fmt: skip
+    t, m = TorchAdapter(theirs), MLXAdapter(ours)
+    assert m.schema == t.schema  # (3, 3, 3) kernels of 3 channels: only the layout tells them apart
+    names = [name for name, _, _ in t.schema]
+    m.assign(t.snapshot(names))
+    assert all(np.array_equal(m.snapshot([name])[name], t.snapshot([name])[name]) for name in names)
+    x = values(5, (2, 3, 6, 6))
+    np.testing.assert_allclose(np.moveaxis(np.array(ours(mx.array(np.moveaxis(x, 1, -1)))), -1, 1),
+                               theirs(torch.from_numpy(x)).detach().numpy(), rtol=1e-5, atol=1e-5)  # fmt: skip
+    change = {name: values(6, shape) for name, shape, _ in t.schema}
+    t.shift(change)
+    m.shift(change)
+    assert all(np.array_equal(m.snapshot([name])[name], t.snapshot([name])[name]) for name in names)
+    theirs.requires_grad_(False)
+    ours.freeze()
+    with pytest.raises(sl.ConfigError, match="nothing to synchronize"):
+        MLXAdapter(ours)
+    frozen_t = TorchAdapter(theirs, params=["4.bias"]).frozen()
+    assert MLXAdapter(ours, params=["4.bias"]).frozen() == frozen_t and len(frozen_t) == 5

@@ -12,7 +12,8 @@ Names: a run's names are torch's. MLX's `nn.Sequential` holds its layers in a li
 (`layers.0.weight`) where torch's says `0.weight`: that step is left out. `names=` maps the rest: a dict
 {MLX name: run name} for the tensors named differently, or a callable MLX name -> run name that replaces the
 default (`names=lambda name: name` keeps MLX's own). Linear and Embedding weights have the same layout in both
-frameworks; convolution weights do not (MLX puts channels last), which no renaming fixes.
+frameworks; convolution weights do not (MLX keeps the input channels last): the adapter moves that axis, so
+a run holds torch's layout.
 
 Arrays convert as torch's tensors do: float32 host copies out; in, a value is rounded to the array's dtype
 (bfloat16 and float16 round to nearest, ties to even) before it is added or assigned. The math of a node runs
@@ -40,11 +41,16 @@ from ..errors import ConfigError
 Selector = Iterable[str] | Callable[[str], bool] | None
 Names = Mapping[str, str] | Callable[[str], str] | None
 STATISTICS = ("running_mean", "running_var")  # BatchNorm's, frozen by MLX, sent by torch
+# Where torch holds the axis that MLX keeps last (the input channels) of a convolution's weight:
+# Conv: torch (out, in, k...), MLX (out, k..., in); ConvTranspose: torch (in, out, k...), MLX (out, k..., in).
+CHANNELS_AXIS = {nn.Conv1d: 1, nn.Conv2d: 1, nn.Conv3d: 1,
+                 nn.ConvTranspose1d: 0, nn.ConvTranspose2d: 0, nn.ConvTranspose3d: 0}  # fmt: skip
 
 
 class MLXAdapter:
     """tensors: run name -> MLX name of what the run synchronizes; frozen_names and local: likewise, of the
-    frozen arrays (checked at join) and the node's own. Arrays are looked up afresh at each call: MLX's
+    frozen arrays (checked at join) and the node's own; moved: run name -> the axis where a convolution
+    weight's last MLX axis sits in torch's layout, the run's. Arrays are looked up afresh at each call: MLX's
     optimizers and `model.update` replace them rather than writing into them."""
 
     def __init__(self, model: nn.Module, params: Selector = None, names: Names = None) -> None:
@@ -65,37 +71,51 @@ class MLXAdapter:
                              if run_name[name] not in chosen and name not in trainable | statistics}  # fmt: skip
         self.local = {run_name[name]: name for name in arrays
                       if run_name[name] not in chosen and run_name[name] not in self.frozen_names}  # fmt: skip
-        self.schema = [
-            (run, tuple(arrays[name].shape), _dtype_name(arrays[name])) for run, name in self.tensors.items()
-        ]
+        self.moved = {
+            run_name[name]: axis for name in arrays if (axis := _channels_axis(modules, name)) is not None
+        }
+        self.schema = [(run, _torch_shape(arrays[name].shape, self.moved.get(run)), _dtype_name(arrays[name]))
+                       for run, name in self.tensors.items()]  # fmt: skip
 
     def _arrays(self, names: Iterable[str], by: dict[str, str]) -> dict[str, mx.array]:
         flat = dict(tree_flatten(self.model.parameters()))
         return {name: flat[by[name]] for name in names}
 
+    def _out(self, arrays: Arrays) -> Arrays:
+        """Host arrays in the run's layout: convolution weights as torch lays them out."""
+        for name, axis in self.moved.items():
+            if name in arrays:
+                arrays[name] = np.ascontiguousarray(np.moveaxis(arrays[name], -1, axis))
+        return arrays
+
+    def _in(self, name: str, values: np.ndarray, dtype: mx.Dtype) -> mx.array:
+        """A host array of the run's layout as an array of this model's, rounded to `dtype` as torch's
+        `copy_` rounds."""
+        values = np.asarray(values)
+        if name in self.moved:
+            values = np.moveaxis(values, self.moved[name], -1)
+        return mx.array(values).astype(dtype)
+
     def snapshot(self, names: list[str]) -> Arrays:
-        return _host(self._arrays(names, self.tensors), float_as=mx.float32)
+        return self._out(_host(self._arrays(names, self.tensors)))
 
     def _update(self, values: dict[str, mx.array], by: dict[str, str]) -> None:
         mx.eval(*values.values())  # done here, between two steps, not left to lengthen the next step's graph
         self.model.update(tree_unflatten([(by[name], array) for name, array in values.items()]))
 
-    def _rounded(self, current: dict[str, mx.array], values: Arrays) -> dict[str, mx.array]:
-        """Each value in its array's dtype, as torch's `copy_` rounds it."""
-        return {name: mx.array(np.asarray(values[name])).astype(current[name].dtype) for name in current}
-
     def assign(self, values: Arrays) -> None:
         current = self._arrays(values, self.tensors)
-        self._update(self._rounded(current, values), self.tensors)
+        self._update(
+            {name: self._in(name, values[name], a.dtype) for name, a in current.items()}, self.tensors
+        )
 
     def blend(self, values: Arrays, mixing: float) -> None:
         """θ ← mixing·θ + (1 − mixing)·values, as torch's lerp_: values rounded to θ's dtype, the blend
         computed in float32 and rounded back (to within torch's last bit: it fuses the multiply-add)."""
-        current = self._arrays(values, self.tensors)
-        ends, weight = self._rounded(current, values), 1.0 - mixing
-        blended = {}
-        for name, theta in current.items():
-            theta32, end32 = theta.astype(mx.float32), ends[name].astype(mx.float32)
+        weight, blended = 1.0 - mixing, {}
+        for name, theta in self._arrays(values, self.tensors).items():
+            theta32 = theta.astype(mx.float32)
+            end32 = self._in(name, values[name], theta.dtype).astype(mx.float32)
             blended[name] = (theta32 + weight * (end32 - theta32)).astype(theta.dtype)
         self._update(blended, self.tensors)
 
@@ -104,39 +124,49 @@ class MLXAdapter:
         (name, array) is applied one tensor at a time."""
         for name, array in change.items() if isinstance(change, dict) else change:
             theta = self._arrays([name], self.tensors)[name]
-            self._update({name: theta + mx.array(np.asarray(array)).astype(theta.dtype)}, self.tensors)
+            self._update({name: theta + self._in(name, array, theta.dtype)}, self.tensors)
 
     def frozen(self) -> list[list]:
-        """[name, shape, dtype, sha256 of the bytes] of each frozen array: torch's digest of the same values."""
+        """[name, shape, dtype, sha256 of the bytes] of each frozen array, in the run's layout: torch's digest
+        of the same values."""
         arrays = self._arrays(self.frozen_names, self.frozen_names)
-        return [[name, list(a.shape), _dtype_name(a), hashlib.sha256(_raw_bytes(a)).hexdigest()]
+        bits = self._out({name: _raw_bits(a) for name, a in arrays.items()})
+        return [[name, list(bits[name].shape), _dtype_name(a), hashlib.sha256(bits[name].tobytes()).hexdigest()]
                 for name, a in arrays.items()]  # fmt: skip
 
     def local_state(self) -> Arrays:
-        return _host(self._arrays(self.local, self.local), float_as=mx.float32)
+        return self._out(_host(self._arrays(self.local, self.local)))
 
     def load_local_state(self, values: Arrays) -> None:
         current = self._arrays(values, self.local)
-        self._update(self._rounded(current, values), self.local)
+        self._update({name: self._in(name, values[name], a.dtype) for name, a in current.items()}, self.local)
 
 
 def _dtype_name(array: mx.array) -> str:
     return str(array.dtype).removeprefix("mlx.core.")  # "float32", "bfloat16": torch's names
 
 
-def _host(arrays: dict[str, mx.array], float_as: mx.Dtype) -> Arrays:
-    """Writable host copies, floating arrays as `float_as` (numpy has no bfloat16), others as they are."""
+def _host(arrays: dict[str, mx.array]) -> Arrays:
+    """Writable host copies, floating arrays as float32 (numpy has no bfloat16), others as they are."""
     cast = {
-        name: a.astype(float_as) if mx.issubdtype(a.dtype, mx.floating) else a for name, a in arrays.items()
+        name: a.astype(mx.float32) if mx.issubdtype(a.dtype, mx.floating) else a for name, a in arrays.items()
     }
     mx.eval(*cast.values())
     return {name: np.array(a, copy=True) for name, a in cast.items()}
 
 
-def _raw_bytes(array: mx.array) -> bytes:
-    if array.dtype == mx.bfloat16:  # numpy cannot hold it: its 16-bit patterns, as torch stores them
-        array = array.view(mx.uint16)
-    return np.ascontiguousarray(np.array(array)).tobytes()
+def _raw_bits(array: mx.array) -> np.ndarray:
+    """The array's bytes as a host array: bfloat16, which numpy cannot hold, as its 16-bit patterns."""
+    return np.array(array.view(mx.uint16) if array.dtype == mx.bfloat16 else array)
+
+
+def _channels_axis(modules: dict[str, nn.Module], name: str) -> int | None:
+    owner, _, leaf = name.rpartition(".")
+    return CHANNELS_AXIS.get(type(modules.get(owner))) if leaf == "weight" else None
+
+
+def _torch_shape(shape: tuple[int, ...], axis: int | None) -> tuple[int, ...]:
+    return tuple(shape) if axis is None else tuple(shape[:axis]) + (shape[-1],) + tuple(shape[axis:-1])
 
 
 def _is_statistic(modules: dict[str, nn.Module], name: str) -> bool:
