@@ -235,3 +235,13 @@ def test_convolution_weights_travel_in_torchs_layout_and_compute_the_same_functi
         MLXAdapter(ours)
     frozen_t = TorchAdapter(theirs, params=["4.bias"]).frozen()
     assert MLXAdapter(ours, params=["4.bias"]).frozen() == frozen_t and len(frozen_t) == 5
+
+
+def test_an_adapter_given_as_the_model_takes_its_choice_itself(tmp_path):
+    mailbox = torch_run(tmp_path, torch_model(seed=1))
+    with pytest.raises(
+        sl.ConfigError, match=r"an adapter chooses its own schema: give it the choice, e.g. MLXAdapter"
+    ):
+        sl.align(MLXAdapter(mlx_model(seed=0)), mailbox=mailbox, params=["0.weight"])
+    chosen = MLXAdapter(mlx_model(seed=0), params=["0.weight", "0.bias", "2.weight", "2.bias"])
+    assert sl.align(chosen, mailbox=mailbox) == {0: 0}

@@ -82,9 +82,8 @@ def adapter_for(model: object, params: object = None) -> Adapter:
         return MLXAdapter(model, params)
     if hasattr(model, "snapshot") and hasattr(model, "assign") and hasattr(model, "schema"):
         if params is not None:
-            raise ConfigError(
-                "params= chooses the tensors of a torch module; an adapter chooses its own schema"
-            )
+            raise ConfigError("params= chooses the tensors of a torch or MLX module; an adapter chooses its own "
+                              "schema: give it the choice, e.g. MLXAdapter(model, params=..., names=...)")  # fmt: skip
         return model  # already an adapter
     raise ConfigError(
         f"model of type {type(model).__name__} is not supported: pass a torch.nn.Module, an mlx.nn.Module "
