@@ -245,3 +245,36 @@ def test_an_adapter_given_as_the_model_takes_its_choice_itself(tmp_path):
         sl.align(MLXAdapter(mlx_model(seed=0)), mailbox=mailbox, params=["0.weight"])
     chosen = MLXAdapter(mlx_model(seed=0), params=["0.weight", "0.bias", "2.weight", "2.bias"])
     assert sl.align(chosen, mailbox=mailbox) == {0: 0}
+
+
+def test_an_mlx_node_without_torch_checkpoints_its_optimizer_state_in_extra(tmp_path, monkeypatch):
+    """sl.checkpoint takes a torch optimizer; an MLX one's state goes in `extra=` as numpy arrays, and a node
+    on a machine without torch saves and loads it (docs/frameworks.md)."""
+    import mlx.optimizers as optim
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    from .two_frameworks import batches
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # importing torch now fails, as on a Mac without it
+    model, optimizer = mlx_model(seed=0), optim.Adam(learning_rate=1e-2)
+    loss_and_grad = mnn.value_and_grad(model, lambda m, x, y: mnn.losses.mse_loss(m(x), y))
+    algorithm, mailbox = sl.DiLoCo(sync_every=5), tmp_path / "run"
+    with sl.Session(model, algorithm=algorithm, mailbox=mailbox, node_id="mac", poll_seconds=0.05) as session:
+        for x, y in batches(0, 3):
+            _, grads = loss_and_grad(model, mx.array(x), mx.array(y))
+            optimizer.update(model, grads)
+            mx.eval(model.parameters(), optimizer.state)
+            session.step(samples=len(x))
+        state = {key: np.array(value) for key, value in tree_flatten(optimizer.state)}
+        sl.checkpoint.save(tmp_path / "mac.ckpt", session, extra={"optimizer": state, "epoch": 1})
+        trained = session.adapter.snapshot(NAMES)
+    again = optim.Adam(learning_rate=1e-2)
+    with sl.Session(mlx_model(seed=3), algorithm=algorithm, mailbox=mailbox, node_id="mac") as session:
+        steps, extra = sl.checkpoint.load(tmp_path / "mac.ckpt", session, extra=True)
+        again.state = tree_unflatten([(key, mx.array(value)) for key, value in extra["optimizer"].items()])
+        resumed = session.adapter.snapshot(NAMES)
+    assert steps == 3 and extra["epoch"] == 1 and sorted(extra["optimizer"]) == sorted(state)
+    assert all(np.array_equal(np.array(value), state[key]) for key, value in tree_flatten(again.state))
+    assert all(
+        np.allclose(resumed[name], trained[name], atol=1e-6) for name in NAMES
+    )  # Θ − Δ_local: rounding

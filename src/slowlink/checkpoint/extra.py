@@ -18,9 +18,8 @@ PREFIX = "extra/"
 
 
 def extra_to_json(extra: object, tensors: dict) -> dict:
-    """`extra` as tagged JSON; its tensors and arrays are added to `tensors` as entries `extra/<i>`."""
-    import torch
-
+    """`extra` as tagged JSON; its tensors and arrays are added to `tensors` as entries `extra/<i>` (numpy
+    arrays as they are: a node without torch, an MLX one, saves them too)."""
     if not isinstance(extra, dict):
         raise ConfigError(
             f"extra={type(extra).__name__} must be a dict, e.g. {{'scheduler': sched.state_dict()}}"
@@ -31,10 +30,10 @@ def extra_to_json(extra: object, tensors: dict) -> dict:
     def encode(value: object, where: str) -> object:
         if isinstance(value, np.ndarray) and value.dtype.hasobject:
             raise ConfigError(f"{where} is a numpy array of Python objects; a checkpoint stores numbers only")
-        if isinstance(value, torch.Tensor | np.ndarray):
+        if isinstance(value, np.ndarray) or _is_torch_tensor(value):
             key, count[0] = f"{PREFIX}{count[0]}", count[0] + 1
             # A copy: safetensors refuses tensors that share memory, and the caller may change theirs.
-            tensors[key] = (torch.from_numpy(np.array(value)) if isinstance(value, np.ndarray)
+            tensors[key] = (np.array(value) if isinstance(value, np.ndarray)
                             else value.detach().to("cpu", copy=True).contiguous())  # fmt: skip
             return {"ndarray" if isinstance(value, np.ndarray) else "tensor": key}
         if isinstance(value, np.generic):
@@ -59,6 +58,19 @@ def extra_to_json(extra: object, tensors: dict) -> dict:
     return {"dict": [[key, encode(value, f"extra[{key!r}]")] for key, value in extra.items()]}
 
 
+def _is_torch_tensor(value: object) -> bool:
+    """Without importing torch: a tensor can only come from a process that imported it."""
+    return type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach")
+
+
+def _holds_tensors(saved: object) -> bool:
+    if isinstance(saved, list):
+        return any(map(_holds_tensors, saved))
+    if isinstance(saved, dict):
+        return "tensor" in saved or any(map(_holds_tensors, saved.values()))
+    return False
+
+
 def check_readable(header: str) -> None:
     """Refuse at save a header that load could not read back: over the size or nesting bounds of records
     (file.read decodes the header within them)."""
@@ -74,7 +86,8 @@ def extra_from_file(path: Path, saved: object) -> dict:
     if saved is None:
         return {}
     try:
-        with safe_open(path, framework="pt") as opened:
+        # torch's reader only for torch tensors (bfloat16 ones included); numpy's, without torch, otherwise
+        with safe_open(path, framework="pt" if _holds_tensors(saved) else "numpy") as opened:
 
             def decode(value: object) -> object:
                 if isinstance(value, list):
@@ -85,7 +98,8 @@ def extra_from_file(path: Path, saved: object) -> dict:
                 if tag == "tensor" and isinstance(body, str) and body.startswith(PREFIX):
                     return opened.get_tensor(body)
                 if tag == "ndarray" and isinstance(body, str) and body.startswith(PREFIX):
-                    return opened.get_tensor(body).numpy()
+                    found = opened.get_tensor(body)
+                    return found if isinstance(found, np.ndarray) else found.numpy()
                 if tag == "float" and body in ("nan", "inf", "-inf"):
                     return float(body)
                 if tag == "int" and isinstance(body, str) and len(body) <= 64:
