@@ -83,7 +83,7 @@ def test_a_model_named_otherwise_is_refused_naming_the_tensor_both_sides_and_the
         sl.align(MLXTwoLayers(), mailbox=mailbox)
     message = str(refused.value)
     assert "'fc1.weight' (8, 4) float32" in message and "'0.weight' (8, 4) float32" in message
-    assert "names={'<MLX name>': '<torch name>'}" in message
+    assert "names={'<MLX name>': '<run name>'}" in message
     mapped = MLXAdapter(MLXTwoLayers(), names={"fc1.weight": "0.weight", "fc1.bias": "0.bias",
                                                "fc2.weight": "2.weight", "fc2.bias": "2.bias"})  # fmt: skip
     assert sl.align(mapped, mailbox=mailbox) == {0: 0}

@@ -153,8 +153,9 @@ def _renaming_hint(name: str, spec: tuple, run: Schema, mine: set[str]) -> str |
     if other is None:
         return None
     return (f"the run has {other!r} {spec[0]} {spec[1]}, which this model lacks. If the two are one tensor "
-            "under two frameworks' names, give the MLX node the torch name: sl.Session(MLXAdapter(model, "
-            "names={'<MLX name>': '<torch name>'}), ...) (slowlink.frameworks.mlx, docs/frameworks.md)")  # fmt: skip
+            "named differently (MLX and torch name some modules differently), give the MLX node the run's name: "
+            "sl.Session(MLXAdapter(model, names={'<MLX name>': '<run name>'}), ...) (slowlink.frameworks.mlx, "
+            "docs/frameworks.md); otherwise every node must train the same architecture")  # fmt: skip
 
 
 def _at(schema: Schema, index: int) -> tuple | None:
