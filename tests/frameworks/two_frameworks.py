@@ -74,14 +74,20 @@ def main(args: dict, out_path: str) -> None:
     model = (torch_model if framework == "torch" else mlx_model)(seed=node)
     train_step = (torch_trainer if framework == "torch" else mlx_trainer)(model, lr=0.05)
     if args.get("wait_for_run"):  # the other node creates the run: which node does is then known
+        deadline = (
+            time.monotonic() + 120
+        )  # generous: the other process may be slow to start on a busy machine
         while not (Path(args["mailbox"]) / "run.json").exists():
+            assert time.monotonic() < deadline, "the other node never created the run"
             time.sleep(0.05)
     losses = []
     algorithm = sl.DiLoCo(sync_every=5, quorum_size=2, overlap_steps=0, outer_lr=1.0, outer_momentum=0.0)
     with sl.Session(model, algorithm=algorithm, mailbox=sl.DirMailbox(args["mailbox"]),
-                    node_id=f"{framework}-{node}", poll_seconds=0.05, lease_seconds=10.0,
+                    node_id=f"{framework}-{node}", poll_seconds=0.05, lease_seconds=30.0,
                     events_file=args.get("events")) as session:  # fmt: skip
+        deadline = time.monotonic() + 120
         while len(session.courier.live_nodes()) < 2:  # this node's view: a round closes on every live node
+            assert time.monotonic() < deadline, "the other node never joined"
             session.courier.request_leases()
             time.sleep(0.05)
         for x, y in batches(node, args["steps"]):
