@@ -49,3 +49,30 @@ def test_the_hugging_face_trainer_example_learns_on_both_nodes_and_commits_a_bet
         float, re.search(r"held-out loss: ([\d.]+) at the start, ([\d.]+) committed", out).groups()
     )
     assert after < before - 1.0, out
+
+
+def test_the_torch_and_mlx_learners_train_one_run_and_commit_one_model_that_scores_alike_in_both(tmp_path):
+    pytest.importorskip(
+        "mlx.core", reason="examples/mlx_learner.py needs MLX: pip install 'mlx[cpu]' on Linux"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    learners = [subprocess.Popen([sys.executable, str(ROOT / "examples" / name), "--mailbox", str(tmp_path / "run"),
+                                  "--steps", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=env)  # fmt: skip
+                for name in ("torch_learner.py", "mlx_learner.py")]  # fmt: skip
+    outs = []
+    for learner in learners:
+        out, err = learner.communicate(timeout=300)
+        assert learner.returncode == 0, out[-2000:] + err[-3000:]
+        outs.append(out)
+    out = "".join(outs)
+    trained = re.findall(
+        r"(torch|mlx) node: loss ([\d.]+) -> ([\d.]+), (\d+) commits applied, versions \[(\d+)\]", out
+    )
+    assert sorted(node for node, *_ in trained) == ["mlx", "torch"], out
+    assert all(float(last) < float(first) and int(commits) == 3 == int(version)
+               for _, first, last, commits, version in trained), out  # fmt: skip
+    fresh = [float(x) for x in re.findall(r"node: a fresh model: held-out loss ([\d.]+)", out)]
+    committed = re.findall(r"node: committed model at versions \{0: 3\}: held-out loss ([\d.]+)", out)
+    assert len(committed) == 2 and committed[0] == committed[1], out  # one model, the same score in both
+    assert all(float(committed[0]) < 0.5 * loss for loss in fresh), out

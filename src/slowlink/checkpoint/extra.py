@@ -19,9 +19,8 @@ PREFIX = "extra/"
 
 
 def extra_to_json(extra: object, tensors: dict) -> dict:
-    """`extra` as tagged JSON; its tensors and arrays are added to `tensors` as entries `extra/<i>`."""
-    import torch
-
+    """`extra` as tagged JSON; its tensors and arrays are added to `tensors` as entries `extra/<i>` (numpy
+    arrays as they are: a node without torch, an MLX one, saves them too)."""
     if not isinstance(extra, dict):
         raise ConfigError(
             f"extra={type(extra).__name__} must be a dict, e.g. {{'scheduler': sched.state_dict()}}"
@@ -32,11 +31,19 @@ def extra_to_json(extra: object, tensors: dict) -> dict:
     def store(value: object) -> str:
         key = f"{PREFIX}{next(numbers)}"
         # A copy: safetensors refuses tensors that share memory, and the caller may change theirs.
-        tensors[key] = (torch.from_numpy(np.array(value)) if isinstance(value, np.ndarray)
+        tensors[key] = (np.array(value) if isinstance(value, np.ndarray)
                         else value.detach().to("cpu", copy=True).contiguous())  # fmt: skip
         return key
 
     return to_tagged(extra, store, "extra")
+
+
+def _holds_tensors(saved: object) -> bool:
+    if isinstance(saved, list):
+        return any(map(_holds_tensors, saved))
+    if isinstance(saved, dict):
+        return "tensor" in saved or any(map(_holds_tensors, saved.values()))
+    return False
 
 
 def check_readable(header: str) -> None:
@@ -54,7 +61,8 @@ def extra_from_file(path: Path, saved: object) -> dict:
     if saved is None:
         return {}
     try:
-        with safe_open(path, framework="pt") as opened:
+        # torch's reader only for torch tensors (bfloat16 ones included); numpy's, without torch, otherwise
+        with safe_open(path, framework="pt" if _holds_tensors(saved) else "numpy") as opened:
             extra = from_tagged(saved, opened, PREFIX)
     except (SafetensorError, ValueError, TypeError, KeyError, AttributeError) as error:
         raise PayloadError(

@@ -27,14 +27,15 @@ def write_atomically(path: Path, arrays: Arrays, tensors: dict, metadata: dict[s
     """Write beside `path`, flush to disk, then rename over it: readers see the old file or the new one."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        if tensors:
+        if any(not isinstance(values, np.ndarray) for values in tensors.values()):  # torch tensors among them
             import torch
             from safetensors.torch import save_file as save_torch
 
-            save_torch({**{key: torch.from_numpy(values) for key, values in arrays.items()}, **tensors},
-                       temporary, metadata=metadata)  # fmt: skip
+            entries = {**arrays, **tensors}
+            save_torch({key: torch.from_numpy(values) if isinstance(values, np.ndarray) else values
+                        for key, values in entries.items()}, temporary, metadata=metadata)  # fmt: skip
         else:
-            save_file(arrays, temporary, metadata=metadata)
+            save_file({**arrays, **tensors}, temporary, metadata=metadata)
         with open(temporary, "rb+") as written:
             os.fsync(written.fileno())
         os.replace(temporary, path)

@@ -16,11 +16,9 @@ KINDS = "tensors, numpy arrays, numbers, strings, None, lists, tuples and dicts 
 def to_tagged(value: object, store: Callable[[object], str], where: str) -> object:
     """`value` as tagged JSON; `store(tensor or array)` keeps one and returns the entry's key. `where` names
     the value in errors ("extra['scheduler']")."""
-    import torch
-
     if isinstance(value, np.ndarray) and value.dtype.hasobject:
         raise ConfigError(f"{where} is a numpy array of Python objects; a checkpoint stores numbers only")
-    if isinstance(value, torch.Tensor | np.ndarray):
+    if isinstance(value, np.ndarray) or _is_torch_tensor(value):
         return {"ndarray" if isinstance(value, np.ndarray) else "tensor": store(value)}
     if isinstance(value, np.generic):
         value = value.item()  # a numpy scalar: its Python number
@@ -43,6 +41,11 @@ def to_tagged(value: object, store: Callable[[object], str], where: str) -> obje
     raise ConfigError(f"{where} is a {type(value).__name__}; a checkpoint holds {KINDS}")
 
 
+def _is_torch_tensor(value: object) -> bool:
+    """Without importing torch: a tensor can only come from a process that imported it."""
+    return type(value).__module__.split(".")[0] == "torch" and hasattr(value, "detach")
+
+
 def from_tagged(value: object, opened: object, prefix: str) -> object:
     """What to_tagged was given, from its JSON and the opened safetensors file; a tensor must be an entry
     under `prefix`. Raises ValueError (or TypeError, KeyError) for anything to_tagged does not write."""
@@ -52,8 +55,8 @@ def from_tagged(value: object, opened: object, prefix: str) -> object:
         return value
     ((tag, body),) = value.items()
     if tag in ("tensor", "ndarray") and isinstance(body, str) and body.startswith(prefix):
-        tensor = opened.get_tensor(body)
-        return tensor.numpy() if tag == "ndarray" else tensor
+        found = opened.get_tensor(body)  # a numpy array where the file was opened without torch
+        return found.numpy() if tag == "ndarray" and not isinstance(found, np.ndarray) else found
     if tag == "float" and body in ("nan", "inf", "-inf"):
         return float(body)
     if tag == "int" and isinstance(body, str) and len(body) <= 64:

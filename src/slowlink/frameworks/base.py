@@ -68,21 +68,25 @@ def _as_they_are(values: Arrays) -> Arrays:
 
 
 def adapter_for(model: object, params: object = None) -> Adapter:
-    """The adapter for a torch module, chosen by the classes it derives from; `params` chooses what it
-    synchronizes (frameworks/torch.py: names, or a predicate name -> bool; None: the default)."""
+    """The adapter for a torch or an MLX module, chosen by the classes it derives from; `params` chooses what
+    it synchronizes (frameworks/torch.py: names, or a predicate name -> bool; None: the default). Each
+    framework's module is imported only for a model of it."""
     roots = {cls.__module__.split(".")[0] for cls in type(model).__mro__}
     if "torch" in roots:
         from .torch import TorchAdapter
 
         return TorchAdapter(model, params)
+    if "mlx" in roots:
+        from .mlx import MLXAdapter
+
+        return MLXAdapter(model, params)
     if hasattr(model, "snapshot") and hasattr(model, "assign") and hasattr(model, "schema"):
         if params is not None:
-            raise ConfigError(
-                "params= chooses the tensors of a torch module; an adapter chooses its own schema"
-            )
+            raise ConfigError("params= chooses the tensors of a torch or MLX module; an adapter chooses its own "
+                              "schema: give it the choice, e.g. MLXAdapter(model, params=..., names=...)")  # fmt: skip
         return model  # already an adapter
     raise ConfigError(
-        f"model of type {type(model).__name__} is not supported: pass a torch.nn.Module "
+        f"model of type {type(model).__name__} is not supported: pass a torch.nn.Module, an mlx.nn.Module "
         "(or an object implementing slowlink.frameworks.Adapter)"
     )
 
@@ -123,7 +127,8 @@ def compare_schemas(mine: Schema, run: Schema) -> None:
     for name, shape, dtype in mine:
         if name not in run_by_name:
             raise SchemaMismatch(
-                f"this model has tensor {name!r} {tuple(shape)} {dtype}, which the run's model does not have; {same}"
+                f"this model has tensor {name!r} {tuple(shape)} {dtype}, which the run's model does not have; "
+                + (_renaming_hint(name, (tuple(shape), dtype), run, mine_names) or same)
             )
         run_shape, run_dtype = run_by_name[name]
         if tuple(shape) != run_shape:
@@ -139,6 +144,18 @@ def compare_schemas(mine: Schema, run: Schema) -> None:
             raise SchemaMismatch(
                 f"the run's model has tensor {name!r} {tuple(shape)} {dtype}, which this model lacks; {same}"
             )
+
+
+def _renaming_hint(name: str, spec: tuple, run: Schema, mine: set[str]) -> str | None:
+    """The fix when the run holds a tensor of the same shape and dtype under a name this model lacks: most
+    likely the same tensor, named differently by another framework (MLX's and torch's differ)."""
+    other = next((n for n, shape, dtype in run if n not in mine and (tuple(shape), dtype) == spec), None)
+    if other is None:
+        return None
+    return (f"the run has {other!r} {spec[0]} {spec[1]}, which this model lacks. If the two are one tensor "
+            "named differently (MLX and torch name some modules differently), give the MLX node the run's name: "
+            "sl.Session(MLXAdapter(model, names={'<MLX name>': '<run name>'}), ...) (slowlink.frameworks.mlx, "
+            "docs/frameworks.md); otherwise every node must train the same architecture")  # fmt: skip
 
 
 def _at(schema: Schema, index: int) -> tuple | None:
