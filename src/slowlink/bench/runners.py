@@ -33,6 +33,15 @@ def ring(workers: int) -> float:
     return 2 * (workers - 1) / workers
 
 
+def simulate(
+    method: Method, task: Task, config: BenchConfig, speeds: list[float], loss=None
+) -> sim.SimResult:
+    """The bench's sim.run: the task's model, batches and optimizer on config.workers simulated workers."""
+    return sim.run(method, task.make_model, task.batch, workers=config.workers, steps=config.steps,
+                   step_seconds=speeds, network=network_of(config, task), seed=config.seed,
+                   loss=loss or task.loss, optimizer=task.optimizer, samples=len)  # fmt: skip
+
+
 def run_rounds(name: str, method: Method, task: Task, config: BenchConfig, speeds: list[float],
                progress: Progress) -> Outcome:  # fmt: skip
     """A method of rounds in the simulator: every worker trains config.steps steps at its own speed."""
@@ -43,10 +52,7 @@ def run_rounds(name: str, method: Method, task: Task, config: BenchConfig, speed
         progress(done[0], total)
         return task.loss(model, batch)
 
-    network = network_of(config, task)
-    result = sim.run(method, task.make_model, task.batch, workers=config.workers, steps=config.steps,
-                     step_seconds=speeds, network=network, seed=config.seed, loss=loss,
-                     optimizer=task.optimizer, samples=len)  # fmt: skip
+    result = simulate(method, task, config, speeds, loss)
     last = max(result.workers, key=lambda report: report.wall_seconds)  # it holds every newest commit
     workers = result.workers
     return Outcome(
