@@ -21,6 +21,7 @@ class Outcome:
     samples: int  # sequences trained on, all workers
     syncs: int  # rounds committed (DDP, DeMo: steps)
     real_seconds: float = 0.0  # how long the run took on this machine
+    cpu_seconds: float = 0.0  # of this process, every thread: what an idle machine would take, about
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -28,12 +28,13 @@ class Entry:
 
 
 def rounds(name: str, summary: str, method: Callable[[BenchConfig], Method],
-           speeds: Callable[[BenchConfig], list[float]] | None = None) -> Entry:  # fmt: skip
-    """An entry for a method the simulator runs; every worker at step_time unless `speeds` says otherwise."""
+           speeds: Callable[[BenchConfig], list[float]] | None = None, exchange: str | None = None) -> Entry:  # fmt: skip
+    """An entry for a method the simulator runs; every worker at step_time unless `speeds` says otherwise,
+    its messages through the config's exchange unless `exchange` names the one it needs ("pairwise")."""
 
     def run(entry: str, task: Task, config: BenchConfig, progress: Progress) -> Outcome:
         pace = speeds(config) if speeds is not None else [config.step_time] * config.workers
-        return run_rounds(entry, method(config), task, config, pace, progress)
+        return run_rounds(entry, method(config), task, config, pace, progress, exchange)
 
     return Entry(name, summary, run)
 

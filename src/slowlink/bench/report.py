@@ -43,7 +43,7 @@ class LiveView:
 
     def done(self, outcome) -> None:
         text = (f"held-out {outcome.heldout_loss:.4f}, {format_duration(outcome.simulated_seconds)} simulated, "
-                f"{outcome.real_seconds:.0f} s here")  # fmt: skip
+                f"{outcome.real_seconds:.0f} s here ({outcome.cpu_seconds:.0f} s of CPU)")  # fmt: skip
         self.rows[outcome.name]["result"] = text
         if self.plain:
             self.console.print(f"bench: {outcome.name} done: {text}", highlight=False)

@@ -53,9 +53,9 @@ def run_bench(config: BenchConfig, view) -> BenchResult:
         for name in names:
             entry = METHODS[name]
             view.begin(name, entry.summary)
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), time.process_time()
             outcome = entry.run(name, task, config, lambda done, total, n=name: view.progress(n, done, total))
-            outcome.real_seconds = time.perf_counter() - began
+            outcome.real_seconds, outcome.cpu_seconds = time.perf_counter() - began, time.process_time() - cpu
             outcomes.append(outcome)
             view.done(outcome)
     finally:

@@ -33,17 +33,17 @@ def ring(workers: int) -> float:
     return 2 * (workers - 1) / workers
 
 
-def simulate(
-    method: Method, task: Task, config: BenchConfig, speeds: list[float], loss=None
-) -> sim.SimResult:
-    """The bench's sim.run: the task's model, batches and optimizer on config.workers simulated workers."""
+def simulate(method: Method, task: Task, config: BenchConfig, speeds: list[float], loss=None,
+             exchange: str | None = None) -> sim.SimResult:  # fmt: skip
+    """The bench's sim.run: the task's model, batches and optimizer on config.workers simulated workers,
+    over the config's link (through `exchange` if given, e.g. "pairwise" for a gossip method)."""
     return sim.run(method, task.make_model, task.batch, workers=config.workers, steps=config.steps,
-                   step_seconds=speeds, network=network_of(config, task), seed=config.seed,
+                   step_seconds=speeds, network=network_of(config, task, exchange), seed=config.seed,
                    loss=loss or task.loss, optimizer=task.optimizer, samples=len)  # fmt: skip
 
 
 def run_rounds(name: str, method: Method, task: Task, config: BenchConfig, speeds: list[float],
-               progress: Progress) -> Outcome:  # fmt: skip
+               progress: Progress, exchange: str | None = None) -> Outcome:  # fmt: skip
     """A method of rounds in the simulator: every worker trains config.steps steps at its own speed."""
     total, done = config.workers * config.steps, [0]
 
@@ -52,7 +52,7 @@ def run_rounds(name: str, method: Method, task: Task, config: BenchConfig, speed
         progress(done[0], total)
         return task.loss(model, batch)
 
-    result = simulate(method, task, config, speeds, loss)
+    result = simulate(method, task, config, speeds, loss, exchange)
     last = max(result.workers, key=lambda report: report.wall_seconds)  # it holds every newest commit
     workers = result.workers
     return Outcome(
@@ -61,7 +61,7 @@ def run_rounds(name: str, method: Method, task: Task, config: BenchConfig, speed
         curve=merged_curve([report.losses for report in workers]),
         bytes_sent=sum(r.bytes_sent for r in workers) / len(workers),
         bytes_received=sum(r.bytes_received for r in workers) / len(workers),
-        peak_bytes_per_sync=peak_contribution(method, task, config),
+        peak_bytes_per_sync=peak_contribution(method, task, config, exchange),
         simulated_seconds=result.wall_seconds,
         utilization=sum(r.utilization for r in workers) / len(workers),
         samples=config.workers * config.steps * config.batch_size,
@@ -69,14 +69,14 @@ def run_rounds(name: str, method: Method, task: Task, config: BenchConfig, speed
     )
 
 
-def peak_contribution(method: Method, task: Task, config: BenchConfig) -> int:
+def peak_contribution(method: Method, task: Task, config: BenchConfig, exchange: str | None = None) -> int:
     """The largest fragment's Δ as the method encodes it (payload.pack, header included): what a worker sends
     in one sync to a store, or 2(M−1)/M times it through a ring."""
     adapter = adapter_for(task.make_model())
     encoding = method.wire().delta_dtype or "F32"
     sizes = [len(payload.pack(adapter.snapshot(group), {"kind": "delta"}, encoding=encoding))
              for group in method.plan(adapter.schema)]  # fmt: skip
-    factor = ring(config.workers) if config.exchange == "allreduce" else 1.0
+    factor = ring(config.workers) if (exchange or config.exchange) == "allreduce" else 1.0
     return int(max(sizes) * factor)
 
 
