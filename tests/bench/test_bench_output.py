@@ -90,6 +90,10 @@ def test_time_and_utilization_follow_the_link_and_the_waiting(bench):
     # without a barrier nobody waits for the slow half; with it, everyone does
     assert o["decoupled-1:2"]["simulated_seconds"] < o["diloco-1:2"]["simulated_seconds"]
     assert o["decoupled"]["utilization"] > o["diloco"]["utilization"]
+    # a barrier that waits for every worker: the slow half changes the time, never the training
+    assert o["diloco-1:2"]["heldout_loss"] == o["diloco"]["heldout_loss"]
+    assert o["diloco-1:2"]["curve"][-1][2] == o["diloco"]["curve"][-1][2]
+    assert o["diloco-1:2"]["simulated_seconds"] > o["diloco"]["simulated_seconds"]
     for outcome in o.values():
         steps = [step for step, _, _ in outcome["curve"]]
         times = [time for _, time, _ in outcome["curve"]]
