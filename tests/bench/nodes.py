@@ -14,7 +14,7 @@ import slowlink as sl
 from slowlink.bench.config import PRESETS
 from slowlink.bench.registry import diloco
 from slowlink.bench.runners import train_demo_node
-from slowlink.bench.task import DEMO_LR, Task
+from slowlink.bench.task import Task
 
 CONFIG = PRESETS["smoke"]
 
@@ -54,7 +54,9 @@ def demo_node(rank: int, port: str) -> dict[str, torch.Tensor]:
         bench = task()
         model = bench.make_model()
         # exchange=None: DeMo finds the process group and all-gathers through torch.distributed
-        optimizer = sl.DeMo(model.parameters(), DEMO_LR, topk=CONFIG.demo_topk, chunk=64, seed=CONFIG.seed)
+        optimizer = sl.DeMo(
+            model.parameters(), CONFIG.demo_lr, topk=CONFIG.demo_topk, chunk=64, seed=CONFIG.seed
+        )
         train_demo_node(bench, CONFIG, optimizer, model, rank, lambda: None)
     finally:
         dist.destroy_process_group()

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from ..ops.console import make_console
-from ..plan.units import parse_bandwidth, parse_duration, parse_int
+from ..plan.units import parse_bandwidth, parse_count, parse_duration, parse_int
 from .config import preset
 from .report import LiveView, markdown_table, write_results
 from .run import run_bench
@@ -25,6 +25,7 @@ BENCH_HELP = {  # option -> (metavar, help); the preset gives every default
         "each worker's link, e.g. 1Mbps (default: one all-reduce of the model takes 90 steps)",
     ),
     "--latency": ("T", "per message hop, e.g. 10ms"),
+    "--demo-lr": ("LR", "DeMo's peak learning rate (1e-2)"),
     "--seed": ("S", "seed of the models, the data and the schedule"),
     "--methods": ("LIST", "comma-separated registry names (default: all)"),
 }
@@ -68,6 +69,8 @@ def run_command(args: argparse.Namespace) -> int:
             )
     if args.overlap_steps is not None:
         changes["overlap_steps"] = parse_int("--overlap-steps", args.overlap_steps, low=0)
+    if args.demo_lr is not None:
+        changes["demo_lr"] = parse_count("--demo-lr", args.demo_lr, example="1e-2")
     if args.step_time is not None:
         changes["step_time"] = parse_duration("--step-time", args.step_time)
     if args.latency is not None:

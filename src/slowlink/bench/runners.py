@@ -18,7 +18,7 @@ from ..wire import payload
 from .config import BenchConfig
 from .lockstep import LockstepGroup, run_in_lockstep
 from .outcome import Outcome, merged_curve
-from .task import DEMO_LR, Task
+from .task import Task
 
 Progress = Callable[[int, int], None]
 
@@ -112,7 +112,7 @@ def train_demo_node(task: Task, config: BenchConfig, optimizer: DeMo, model, ran
     losses = []
     for step in range(config.steps):
         for group in optimizer.param_groups:
-            group["lr"] = DEMO_LR * task.lr_factor(step)
+            group["lr"] = config.demo_lr * task.lr_factor(step)
         optimizer.zero_grad()
         value = task.loss(model, task.batch(rank, step))
         value.backward()
@@ -126,7 +126,7 @@ def demo_nodes(task: Task, config: BenchConfig, progress: Callable[[], None]):
     """DeMo on config.workers nodes in this process, in lockstep: (models, optimizers, losses per node)."""
     group = LockstepGroup(config.workers)
     models = [task.make_model() for _ in range(config.workers)]
-    optimizers = [DeMo(model.parameters(), DEMO_LR, topk=config.demo_topk, chunk=64, seed=config.seed,
+    optimizers = [DeMo(model.parameters(), config.demo_lr, topk=config.demo_topk, chunk=64, seed=config.seed,
                        exchange=group.member(rank)) for rank, model in enumerate(models)]  # fmt: skip
     nodes = [lambda r=r: train_demo_node(task, config, optimizers[r], models[r], r, progress)
              for r in range(config.workers)]  # fmt: skip

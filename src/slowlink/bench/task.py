@@ -17,7 +17,6 @@ from ..demo.model import CLIP, GPT, SIZES, GPTConfig, build_model, evaluate, los
 
 MICRO = GPTConfig(d_model=32, layers=2, heads=2)  # about 20k parameters: the tests' bench, in seconds
 WARMUP, FINAL = 0.05, 0.1  # §8: linear warm-up over 5% of the steps, then cosine down to 10%
-DEMO_LR = 1e-3  # DeMo's sign step (§8 tries 3e-4 and 1e-3; 1e-3 trains this model faster)
 
 
 class Task:
