@@ -11,10 +11,13 @@ import re
 import numpy as np
 import pytest
 from PIL import Image
+from rich.console import Console
 
-from slowlink.bench.config import PRESETS, SYNC_STEPS
+from slowlink.bench.config import PRESETS, SYNC_STEPS, preset
+from slowlink.bench.outcome import Outcome
 from slowlink.bench.registry import METHODS
-from slowlink.bench.report import COLUMNS
+from slowlink.bench.report import COLUMNS, LiveView
+from slowlink.bench.run import run_bench
 from slowlink.cli.main import main
 
 SMOKE = PRESETS["smoke"]
@@ -119,3 +122,34 @@ def test_the_display_prints_plain_lines_off_a_terminal(bench):
     assert "files: " in printed
     for name in METHODS:
         assert f"bench: {name} done: held-out {o[name]['heldout_loss']:.4f}" in printed
+
+
+def test_through_a_store_a_workers_bytes_are_its_puts_of_each_round_and_gets_of_each_commit():
+    config = preset("smoke", methods=("diloco",), exchange="store")
+    result = run_bench(config, Quiet())
+    (diloco,) = result.outcomes
+    rounds = SMOKE.steps // SMOKE.sync_every
+    assert diloco.syncs == rounds
+    # every round, each worker PUTs its Δ (the peak, computed from the method's plan) and GETs the commit
+    assert diloco.bytes_sent == rounds * diloco.peak_bytes_per_sync
+    assert diloco.bytes_received >= rounds * 4 * result.parameters  # the committed parameters, fp32
+
+
+def test_on_a_terminal_the_live_table_shows_each_methods_progress_and_result():
+    screen = io.StringIO()
+    view = LiveView(Console(file=screen, force_terminal=True, width=160))
+    view.start(["ddp", "diloco"])
+    view.progress("ddp", 3, 8)
+    view.done(Outcome("ddp", 2.5, [(1, 1.0, 3.0)], 10, 10, 5, 60.0, 0.5, 16, 1, real_seconds=2.0))
+    view.end()
+    text = screen.getvalue()
+    assert "slowlink bench" in text and "3/8" in text and "held-out 2.5000, 60 s simulated" in text
+    assert "bench: ddp done" not in text  # the plain lines are for pipes and files only
+
+
+class Quiet:
+    def start(self, names): ...
+    def begin(self, name, summary): ...
+    def progress(self, name, done, total): ...
+    def done(self, outcome): ...
+    def end(self): ...
