@@ -9,6 +9,7 @@ from pathlib import Path
 from ..ops.console import make_console
 from ..plan.units import parse_bandwidth, parse_count, parse_duration, parse_int
 from .config import preset
+from .registry import METHODS
 from .report import LiveView, markdown_table, write_results
 from .run import run_bench
 
@@ -27,7 +28,7 @@ BENCH_HELP = {  # option -> (metavar, help); the preset gives every default
     "--latency": ("T", "per message hop, e.g. 10ms"),
     "--demo-lr": ("LR", "DeMo's peak learning rate (1e-2)"),
     "--seed": ("S", "seed of the models, the data and the schedule"),
-    "--methods": ("LIST", "comma-separated registry names (default: all)"),
+    "--methods": ("LIST", f"comma-separated, of {', '.join(METHODS)} (default: all)"),
 }
 
 
@@ -38,7 +39,8 @@ def add_bench(commands: argparse._SubParsersAction) -> None:
         description=(
             "Train the same byte-level GPT on the Python standard library with DDP, DiLoCo, Streaming DiLoCo, "
             "Decoupled DiLoCo and DeMo: same seed, data order and samples, each on simulated workers over a "
-            "modelled link. Writes a Markdown table, a PNG and a JSON file. Models: docs/bench.md."
+            "modelled link. Writes a Markdown table, a PNG and a JSON file. Models: docs/bench.md. Defaults: the full run (small model, 4 workers, "
+            "500 steps, H = 50, P = 3, about 30 min); --quick (tiny model, 200 steps, H = 20, about 3 min)."
         ),
     )
     for option, (metavar, text) in BENCH_HELP.items():
