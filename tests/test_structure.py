@@ -15,7 +15,7 @@ PACKAGE = Path(sl.__file__).parent
 # optim (DeMo, an optimizer that exchanges in step()) sits on the exchanges of engine and collective.
 # integrations (the Hugging Face Trainer callback) drives a session and its checkpoints.
 LAYERS = ["errors", "arrays", "clock", "events", "metrics", "plan", "frameworks", "mailbox", "wire", "algorithms",
-          "engine", "protocol", "collective", "sim", "optim", "session", "align", "checkpoint", "integrations", "ops", "demo",
+          "engine", "protocol", "collective", "sim", "optim", "session", "align", "checkpoint", "integrations", "ops", "demo", "bench",
           "cli"]  # fmt: skip
 
 

@@ -38,6 +38,7 @@ SUBSTITUTIONS = {
     "algorithm=...": "algorithm=sl.DiLoCo(sync_every=10)",
     "mailbox=...": 'mailbox=sl.DirMailbox("runs/elsewhere")',
     '"/shared/runs/run-1"': '"runs/readme"',  # the README's shared folder, here under the test's own
+    "slowlink bench --quick": "slowlink bench --smoke --methods ddp,diloco",  # seconds, not minutes
 }
 
 
@@ -98,6 +99,9 @@ def test_every_python_block_and_slowlink_command_in_the_readme_and_the_guide_run
     assert sum(1 for _, kind, _ in ran if kind == "python") >= 9
     commands = {line for _, kind, line in ran if kind == "command"}
     assert any(line.startswith("slowlink plan") for line in commands)
+    assert any(line.startswith("slowlink bench --smoke --methods ddp,diloco") for line in commands)
+    assert [row.split("|")[1].strip() for row in (tmp_path / "slowlink-bench" / "table.md").read_text().splitlines()
+            if row.startswith("|")][2:] == ["ddp", "diloco"]  # fmt: skip
     assert any(line.startswith("slowlink status runs/readme") for line in commands)  # the README's own run
     assert commands >= {
         "slowlink status runs/guide-1",

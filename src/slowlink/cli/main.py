@@ -2,7 +2,7 @@
 
 `demo` trains a real multi-process run on this machine; `plan` says which method suits a model and a
 bandwidth; `status` says what a run in a mailbox is doing, `report` writes one HTML page about it;
-`bench` will join them. Each subcommand parses its options here and leaves the work to its own package.
+`bench` runs the methods side by side in the simulator. Each subcommand parses its options here and leaves the work to its own package.
 """
 
 from __future__ import annotations
@@ -151,6 +151,12 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_bench(commands: argparse._SubParsersAction) -> None:
+    from ..bench.command import add_bench  # the options and their handler live with the bench
+
+    add_bench(commands)
+
+
 def open_mailbox(target: str, *, endpoint_url: str | None = None, region: str | None = None):
     """The mailbox a command names: `s3://bucket/prefix`, or the path of a directory holding a run."""
     from ..errors import ConfigError
@@ -279,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
     _add_demo(commands)
     _add_plan(commands)
+    _add_bench(commands)
     _add_status(commands)
     _add_report(commands)
     return parser

@@ -1,0 +1,91 @@
+"""The `slowlink bench` subcommand: its options (every default is the preset's) and its handler, which runs
+the bench, writes its files and prints the table. cli/main.py adds it to the `slowlink` command."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..ops.console import make_console
+from ..plan.units import parse_bandwidth, parse_count, parse_duration, parse_int
+from .config import preset
+from .registry import METHODS
+from .report import LiveView, markdown_table, write_results
+from .run import run_bench
+
+BENCH_HELP = {  # option -> (metavar, help); the preset gives every default
+    "--steps": ("N", "local steps per worker"),
+    "--workers": ("M", "workers"),
+    "--sync-every": ("H", "steps between a fragment's syncs"),
+    "--fragments": ("P", "Streaming and Decoupled DiLoCo's fragments"),
+    "--overlap-steps": ("TAU", "Streaming DiLoCo's overlap"),
+    "--batch-size": ("B", "sequences per worker and step"),
+    "--step-time": ("S", "virtual compute seconds per step, e.g. 1 or 350ms"),
+    "--bandwidth": (
+        "BW",
+        "each worker's link, e.g. 1Mbps (default: one all-reduce of the model takes 90 steps)",
+    ),
+    "--latency": ("T", "per message hop, e.g. 10ms"),
+    "--demo-lr": ("LR", "DeMo's peak learning rate (1e-2)"),
+    "--seed": ("S", "seed of the models, the data and the schedule"),
+    "--methods": ("LIST", f"comma-separated, of {', '.join(METHODS)} (default: all)"),
+}
+
+
+def add_bench(commands: argparse._SubParsersAction) -> None:
+    bench = commands.add_parser(
+        "bench",
+        help="the methods side by side on a small GPT, in the simulator: loss, bytes, time",
+        description=(
+            "Train the same byte-level GPT on the Python standard library with DDP, DiLoCo, Streaming DiLoCo, "
+            "Decoupled DiLoCo and DeMo: same seed, data order and samples, each on simulated workers over a "
+            "modelled link. Writes a Markdown table, a PNG and a JSON file. Models: docs/bench.md. Defaults: the full run (small model, 4 workers, "
+            "500 steps, H = 50, P = 3, about 30 min); --quick (tiny model, 200 steps, H = 20, about 3 min)."
+        ),
+    )
+    for option, (metavar, text) in BENCH_HELP.items():
+        bench.add_argument(option, metavar=metavar, help=text)
+    preset = bench.add_mutually_exclusive_group()
+    preset.add_argument("--quick", action="store_true", help="a smaller model and fewer steps: minutes")
+    preset.add_argument(
+        "--smoke", action="store_true", help="a check that runs in seconds; numbers mean little"
+    )
+    bench.add_argument("--model", choices=["micro", "tiny", "small"], help="model size (the preset's)")
+    bench.add_argument(
+        "--exchange", choices=["allreduce", "store"], help="how DiLoCo's rounds travel (allreduce)"
+    )
+    bench.add_argument(
+        "--out", metavar="DIR", default="slowlink-bench", help="where the files go (%(default)s)"
+    )
+    bench.set_defaults(handler=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+
+    changes: dict = {"out": args.out}
+    for option in ("--steps", "--workers", "--sync-every", "--fragments", "--batch-size", "--seed"):
+        text = getattr(args, option[2:].replace("-", "_"))
+        if text is not None:
+            changes[option[2:].replace("-", "_")] = parse_int(
+                option, text, low=1 if option != "--seed" else 0
+            )
+    if args.overlap_steps is not None:
+        changes["overlap_steps"] = parse_int("--overlap-steps", args.overlap_steps, low=0)
+    if args.demo_lr is not None:
+        changes["demo_lr"] = parse_count("--demo-lr", args.demo_lr, example="1e-2")
+    if args.step_time is not None:
+        changes["step_time"] = parse_duration("--step-time", args.step_time)
+    if args.latency is not None:
+        changes["latency"] = parse_duration("--latency", args.latency, allow_zero=True)
+    if args.bandwidth is not None:
+        changes["bandwidth"] = parse_bandwidth("--bandwidth", args.bandwidth)
+    if args.methods is not None:
+        changes["methods"] = tuple(name.strip() for name in args.methods.split(",") if name.strip())
+    changes.update({name: getattr(args, name) for name in ("model", "exchange") if getattr(args, name)})
+    config = preset("smoke" if args.smoke else "quick" if args.quick else "full", **changes)
+    console = make_console()
+    result = run_bench(config, LiveView(console))
+    files = write_results(result, Path(config.out))
+    print(markdown_table(result))
+    print("files: " + ", ".join(str(path) for path in files))
+    return 0

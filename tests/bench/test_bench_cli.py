@@ -1,0 +1,48 @@
+"""The `slowlink bench` command's options, pinned, and its refusals: each names the option and the fix, and
+writes nothing."""
+
+import re
+
+import pytest
+
+import slowlink as sl
+from slowlink.bench.config import PRESETS, BenchConfig, preset
+from slowlink.cli.main import main
+
+BENCH_OPTIONS = {"--steps", "--workers", "--sync-every", "--fragments", "--overlap-steps", "--batch-size",
+                 "--step-time", "--bandwidth", "--demo-lr", "--latency", "--seed", "--methods", "--quick", "--smoke",
+                 "--model", "--exchange", "--out", "--help"}  # fmt: skip
+
+
+def test_bench_help_lists_exactly_these_options(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["bench", "--help"])
+    assert exit.value.code == 0
+    assert set(re.findall(r"--[a-z][a-z-]*", capsys.readouterr().out)) == BENCH_OPTIONS
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--methods", "ddp,nope"], "--methods nope: no such method; choose from ddp, diloco"),
+        (["--sync-every", "4", "--fragments", "5"], "--fragments 5 exceeds --sync-every 4"),
+        (["--overlap-steps", "2"], "--overlap-steps 2 must lie in [0, H / fragments) = [0, 2)"),
+        (["--bandwidth", "fast"], "--bandwidth 'fast' is not a bandwidth"),
+        (["--workers", "1"], "--workers 1: a comparison of methods needs at least 2 workers"),
+        (["--steps", "x"], "--steps 'x' is not a whole number"),
+    ],
+)
+def test_bad_options_are_refused_with_the_fix_and_nothing_is_written(tmp_path, capsys, argv, message):
+    out = tmp_path / "out"
+    assert main(["bench", "--smoke", "--out", str(out), *argv]) == 1
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_the_presets_are_valid_configs_and_a_change_is_checked_like_a_new_one():
+    assert PRESETS["full"] == BenchConfig()
+    assert preset("quick", steps=40).steps == 40
+    with pytest.raises(sl.ConfigError, match="preset 'fast' is unknown; choose one of full, quick, smoke"):
+        preset("fast")
+    with pytest.raises(sl.ConfigError, match="--model 'huge' is unknown"):
+        preset("smoke", model="huge")
