@@ -63,7 +63,7 @@ def test_the_public_surface_is_exactly_this():
     assert sorted(sl.__all__) == [
         "BalancedBytes", "ConfigError", "ContributionRefused", "DeMo", "DiLoCo", "DirMailbox", "Event", "MailboxError", "MemoryMailbox",
         "NormClippedMean", "PayloadError", "RunConfigMismatch", "S3Mailbox", "SchemaMismatch", "Session",
-        "SessionStateError", "SessionStats", "SlowlinkError", "Strided", "TrainingDiverged", "TrimmedMean",
+        "SessionStateError", "SessionStats", "SlowlinkError", "Strided", "TopK", "TrainingDiverged", "TrimmedMean",
         "WeightedMean", "align", "checkpoint",
     ]  # fmt: skip
     for name in sl.__all__:
