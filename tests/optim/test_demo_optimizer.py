@@ -84,8 +84,8 @@ def test_bytes_are_counted_per_step():
     optimizer = sl.DeMo([p], 0.01, topk=8, values="bf16", exchange=SingleNode())
     p.grad = gradients(1, (128, 64))
     optimizer.step()
-    # the frame's 20-byte header and one size, then the tensor's: 20-byte header, 12-bit indices, bf16 values
-    assert optimizer.stats["sent_bytes"] == 20 + 4 + 20 + 16 * 12 // 8 + 16 * 2
+    # the frame's 20-byte header and one size, then the tensor's: 2-byte header, 12-bit indices, bf16 values
+    assert optimizer.stats["sent_bytes"] == 20 + 4 + 2 + 16 * 12 // 8 + 16 * 2
     assert optimizer.stats["received_bytes"] == optimizer.stats["sent_bytes"]  # one node: its own
 
 

@@ -65,7 +65,7 @@ def decode_rice(data: bytes, chunks: int, k: int, index_bits: int) -> tuple[np.n
     used = int(ends[-1]) + 1 if count and ends.size == count else 0
     if ends.size < count or -(-used // 8) != unary_size:
         raise PayloadError(
-            f"{unary_size} bytes of unary quotients do not hold {count} codes: truncated or padded"
+            f"{unary_size} bytes of unary quotients do not hold {count} codes: truncated, padded, or the wrong count for this tensor"
         )
     if unary[used:].any():
         raise PayloadError("the unary quotients are padded with one bits, where a coder writes zeros")

@@ -3,7 +3,8 @@ sorted in each chunk, in as few bits as the chunk needs (12 for 4096 values) or 
 (wire/rice.py) when that is shorter; values as f32, bf16, 2 bits or a sign, each with a bf16 scale per tensor
 or per chunk. Lossless: it packs values already quantized (algorithms/demo.quantize).
 
-    header  "SLSP", version, values, scale, indices, chunks (u32), k (u32), chunk_numel (u32)   little-endian
+    header  version (u8), format (u8: values | scale << 2 | indices << 3); the layout (chunks, k, chunk_numel)
+            is the reader's, from the tensor's shape, and any other count fails the length checks
     indices packed: chunks·k indices, `index_bits` each, big-endian bit order, padded to a byte
             rice: wire/rice.py's parameter, unary quotients and remainders
     scales  (2bit, sign) one bf16 per tensor or per chunk
@@ -17,8 +18,8 @@ import numpy as np
 from ..errors import PayloadError
 from . import rice
 
-MAGIC, VERSION = b"SLSP", 2
-HEADER = struct.Struct("<4sBBBBIII")
+VERSION = 3
+HEADER = struct.Struct("<BB")
 VALUE_FORMATS = ("f32", "bf16", "2bit", "sign")
 SCALES = ("tensor", "chunk")
 INDEX_CODINGS = ("packed", "rice")
@@ -139,28 +140,20 @@ def encode_sparse(
         shorter = rice.rice_size(chunks * k, b, coded_bits) < -(-chunks * k * bits // 8)
         index_coding = "rice" if shorter else "packed"
     coded = rice.encode_rice(indices, b) if index_coding == "rice" else _pack_uints(indices.ravel(), bits)
-    header = HEADER.pack(MAGIC, VERSION, VALUE_FORMATS.index(values_as), SCALES.index(scale),
-                         INDEX_CODINGS.index(index_coding), chunks, k, chunk_numel)  # fmt: skip
+    form = VALUE_FORMATS.index(values_as) | SCALES.index(scale) << 2 | INDEX_CODINGS.index(index_coding) << 3
+    header = HEADER.pack(VERSION, form)
     return header + coded + _encode_values(values, values_as, scale)
 
 
-def _read_header(data: bytes, chunks: int, k: int, chunk_numel: int) -> tuple[str, str, str]:
+def _read_header(data: bytes) -> tuple[str, str, str]:
     if len(data) < HEADER.size:
         raise PayloadError(
             f"{len(data)} bytes: shorter than the {HEADER.size}-byte header of sparse coefficients"
         )
-    magic, version, how, scale, coding, *layout = HEADER.unpack_from(data)
-    known = how < len(VALUE_FORMATS) and scale < len(SCALES) and coding < len(INDEX_CODINGS)
-    if magic != MAGIC or version != VERSION or not known:
-        raise PayloadError(
-            f"not sparse coefficients of format {VERSION} (magic {magic!r}, version {version})"
-        )
-    if tuple(layout) != (chunks, k, chunk_numel):
-        raise PayloadError(
-            f"{layout[0]} chunks of {layout[1]} coefficients out of {layout[2]}, where the tensor has "
-            f"{chunks} chunks of {k} out of {chunk_numel}: the wrong count for this tensor"
-        )
-    return VALUE_FORMATS[how], SCALES[scale], INDEX_CODINGS[coding]
+    version, form = HEADER.unpack_from(data)
+    if version != VERSION or form >> 4:
+        raise PayloadError(f"not sparse coefficients of format {VERSION} (version {version}, format {form})")
+    return VALUE_FORMATS[form & 3], SCALES[form >> 2 & 1], INDEX_CODINGS[form >> 3 & 1]
 
 
 def _decode_values(body: bytes, chunks: int, k: int, how: str, scale: str) -> np.ndarray:
@@ -179,7 +172,7 @@ def _decode_values(body: bytes, chunks: int, k: int, how: str, scale: str) -> np
 
 def decode_sparse(data: bytes, *, chunks: int, k: int, chunk_numel: int) -> tuple[np.ndarray, np.ndarray]:
     """(indices int64, values float32), both (chunks, k), from a peer's bytes; a PayloadError says why not."""
-    how, scale, coding = _read_header(data, chunks, k, chunk_numel)
+    how, scale, coding = _read_header(data)
     bits, count = index_bits(chunk_numel), chunks * k
     if coding == "packed":
         index_end = HEADER.size + -(-count * bits // 8)
@@ -190,7 +183,8 @@ def decode_sparse(data: bytes, *, chunks: int, k: int, chunk_numel: int) -> tupl
         index_end = HEADER.size + used
     expected = index_end + _values_size(chunks, k, how, scale)
     if len(data) != expected:
-        raise PayloadError(f"{len(data)} bytes where this layout packs into {expected}: truncated or padded")
+        raise PayloadError(f"{len(data)} bytes where {chunks} chunks of {k} coefficients out of {chunk_numel} "
+                           f"pack into {expected}: truncated, padded, or the wrong count for this tensor")  # fmt: skip
     values = _decode_values(data[index_end:], chunks, k, how, scale)
     check_coefficients(indices, values, chunk_numel)
     if np.any(indices[:, 1:] < indices[:, :-1]):
