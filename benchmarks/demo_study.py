@@ -1,7 +1,7 @@
 """DeMo and the TopK compressor against AdamW data-parallel and DiLoCo on the byte-level language model, with 4
 simulated nodes (research/algorithms.md §8): held-out loss after the same steps, and bytes per step.
 
-    python benchmarks/demo_study.py                    # the tiny GPT, 200 steps, every arm; 2 processes
+    python benchmarks/demo_study.py                    # the tiny GPT, 120 steps, every arm; 3 processes
     python benchmarks/demo_study.py --steps 600 --size small --jobs 1
 
 Every arm trains the same model from the same start on the same batches (node w's seeded stream of
@@ -41,7 +41,6 @@ DEMO_ARMS = {
     "DeMo topk=8, identity": {"topk": 8, "transform": "identity"},
     "DeMo topk=32, values=sign": {"topk": 32, "values": "sign"},
     "DeMo topk=32, values=2bit": {"topk": 32, "values": "2bit"},
-    "DeMo topk=8, lr=3e-4": {"topk": 8, "lr": 3e-4},
 }
 # SparseLoCo's outer step: error feedback in place of outer momentum, the merged sparse Δs applied as they are
 # (outer lr 1), and commits of ≤ 4·k values a chunk (the 4 nodes' picks) in bf16.
@@ -164,9 +163,9 @@ def payload_sizes() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
-    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=3)
     args = parser.parse_args()
     with ProcessPoolExecutor(args.jobs) as pool:
         futures = {arm: pool.submit(run_arm, arm, args.steps, args.size) for arm in ARMS}
