@@ -12,10 +12,11 @@ PACKAGE = Path(sl.__file__).parent
 # everything. The engine (the driver and the channel interface) sits on the methods; the mailbox channel
 # (protocol), the collective channel and the simulator each sit on the engine, so none copies the round logic.
 # plan (the utilization planner) is pure arithmetic: it needs only errors, and cli imports it.
-# optim (DeMo, an optimizer that exchanges in step()) sits on the exchanges of engine and collective.
+# optim (DeMo, an optimizer that exchanges in step()) sits on the exchanges of engine and collective; the
+# simulator runs it (sim/demo.py).
 # integrations (the Hugging Face Trainer callback) drives a session and its checkpoints.
 LAYERS = ["errors", "arrays", "clock", "events", "metrics", "plan", "frameworks", "mailbox", "wire", "algorithms",
-          "engine", "protocol", "collective", "sim", "optim", "session", "align", "checkpoint", "integrations", "ops", "demo", "bench",
+          "engine", "protocol", "collective", "optim", "sim", "session", "align", "checkpoint", "integrations", "ops", "demo", "bench",
           "cli"]  # fmt: skip
 
 
@@ -62,7 +63,7 @@ def test_the_public_surface_is_exactly_this():
     assert sorted(sl.__all__) == [
         "BalancedBytes", "ConfigError", "ContributionRefused", "DeMo", "DiLoCo", "DirMailbox", "Event", "MailboxError", "MemoryMailbox",
         "NormClippedMean", "PayloadError", "RDA", "RunConfigMismatch", "S3Mailbox", "SchemaMismatch", "Session",
-        "SessionStateError", "SessionStats", "SlowlinkError", "Strided", "TrainingDiverged", "TrimmedMean",
+        "SessionStateError", "SessionStats", "SlowlinkError", "Strided", "TopK", "TrainingDiverged", "TrimmedMean",
         "WeightedMean", "align", "checkpoint",
     ]  # fmt: skip
     for name in sl.__all__:

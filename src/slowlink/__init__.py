@@ -21,6 +21,7 @@ from .errors import (
 from .events import Event
 from .mailbox import DirMailbox, MemoryMailbox
 from .session import Session, SessionStats
+from .wire.topk import TopK
 
 
 def __getattr__(name: str):
@@ -58,6 +59,7 @@ __all__ = [
     "SessionStats",
     "SlowlinkError",
     "Strided",
+    "TopK",
     "TrainingDiverged",
     "TrimmedMean",
     "WeightedMean",

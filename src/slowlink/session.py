@@ -374,7 +374,7 @@ def _check_options(algorithm: object, node_id: str | None, compression: str | No
             raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
     wire = algorithm.wire()
     for name in ("delta_dtype", "commit_dtype"):
-        if (getattr(wire, name) or "F32") not in ENCODINGS:
+        if (value := getattr(wire, name) or "F32") not in ENCODINGS and not value.startswith("TOPK("):
             raise ConfigError(f"{name}={getattr(wire, name)!r} is not available in this build")
 
 

@@ -1,11 +1,11 @@
-"""A small seeded DeMo run shared by the in-process and the gloo tests: each node fits its own least-squares
-batch; the same seed gives the same model on every node."""
+"""A small seeded DeMo run shared by the simulator, gloo and mailbox tests: each node fits its own
+least-squares batch; the same seed gives the same model on every node."""
 
 import torch
 
 import slowlink as sl
 
-STEPS, LR = 6, 0.01
+STEPS, LR, OPTIONS = 6, 0.01, {"topk": 8, "chunk": 32, "values": "2bit"}
 
 
 def model() -> torch.nn.Module:
@@ -17,13 +17,20 @@ def model() -> torch.nn.Module:
     return net
 
 
+def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(16, 12, generator=generator), torch.randn(16, 3, generator=generator)
+
+
+def mse(net: torch.nn.Module, data: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(net(data[0]), data[1])
+
+
 def train(rank: int, exchange, **options) -> dict[str, torch.Tensor]:
     net = model()
-    optimizer = sl.DeMo(net.parameters(), LR, topk=8, chunk=32, exchange=exchange, **options)
-    generator = torch.Generator().manual_seed(100 + rank)
-    for _ in range(STEPS):
-        x, y = torch.randn(16, 12, generator=generator), torch.randn(16, 3, generator=generator)
+    optimizer = sl.DeMo(net.parameters(), LR, exchange=exchange, **{**OPTIONS, **options})
+    for step in range(STEPS):
         optimizer.zero_grad()
-        torch.nn.functional.mse_loss(net(x), y).backward()
+        mse(net, batch(rank, step)).backward()
         optimizer.step()
     return {name: p.detach().clone() for name, p in net.named_parameters()}

@@ -1,4 +1,5 @@
-"""Two real gloo processes on 127.0.0.1 end with the parameters the same two nodes reach in one process."""
+"""Two real gloo processes on 127.0.0.1, and two real processes over a DirMailbox, end with the parameters the
+same two nodes reach in the simulator (sim.run_demo)."""
 
 import os
 import socket
@@ -9,8 +10,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tests.optim.nodes import train
-from tests.optim.threads import ThreadedGroup, run_threads
+from slowlink import DirMailbox, sim
+from tests.optim.nodes import LR, OPTIONS, STEPS, batch, model, mse
 
 ROOT = Path(__file__).parents[2]
 
@@ -21,29 +22,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_gloo_processes_match_two_nodes_in_one_process(tmp_path):
-    port = free_port()
+def test_gloo_and_mailbox_processes_match_the_simulator(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
-    outs = [tmp_path / f"node{rank}.safetensors" for rank in range(2)]
+    port, store = str(free_port()), tmp_path / "store"
+    runs = {(how, r): tmp_path / f"{how}{r}.safetensors" for how in ("gloo", "mailbox") for r in range(2)}
     nodes = [
-        subprocess.Popen(
-            [sys.executable, str(ROOT / "tests/optim/gloo_node.py"), str(r), str(port), str(outs[r])],
-            env=env,
-            cwd=ROOT,
-        )  # fmt: skip
-        for r in range(2)
-    ]
-    assert [node.wait(timeout=240) for node in nodes] == [0, 0]
-    group, threads = ThreadedGroup(2), torch.get_num_threads()
+        subprocess.Popen([sys.executable, str(ROOT / "tests/optim/gloo_node.py"), how, str(r),
+                          port if how == "gloo" else str(store), str(out)], env=env, cwd=ROOT)
+        for (how, r), out in runs.items()
+    ]  # fmt: skip
+    assert [node.wait(timeout=300) for node in nodes] == [0, 0, 0, 0]
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the nodes' own setting: a sign step turns any rounding difference into ±lr
     try:
-        expected = run_threads([lambda r=r: train(r, group.member(r), values="2bit") for r in range(2)])
+        simulated = sim.run_demo(model, batch, workers=2, steps=STEPS, lr=LR, loss=mse, **OPTIONS)
     finally:
         torch.set_num_threads(threads)
-    for rank in range(2):
-        got = load_file(outs[rank])
-        for name, tensor in expected[rank].items():
-            assert torch.allclose(got[name], tensor, atol=1e-6), name
-    # and the two nodes agree: every node applies the same averaged step
-    for name in expected[0]:
-        assert torch.allclose(expected[0][name], expected[1][name], atol=1e-6)
+    for (how, rank), out in runs.items():
+        got = load_file(out)
+        for name, p in simulated.models[rank].named_parameters():
+            assert torch.allclose(got[name], p.detach(), atol=1e-6), (how, rank, name)
+    # the two nodes agree (every node applies the same averaged step), and the step moved them
+    first, second = (dict(m.named_parameters()) for m in simulated.models)
+    assert all(torch.equal(first[name], second[name]) for name in first)
+    assert not torch.equal(first["0.weight"], model()[0].weight)
+    # the mailbox kept only the last keep_steps=2 steps of each node's payloads
+    assert sorted(key.key for key in DirMailbox(str(store)).list("demo/")) == [
+        f"demo/{step:012d}/{rank:05d}" for step in (STEPS - 2, STEPS - 1) for rank in range(2)
+    ]
+    # the simulator counted every step's bytes: one payload sent and one received per worker
+    reports = simulated.workers
+    assert reports[0].bytes_sent == sum(simulated.bytes_per_step) and reports[0].bytes_received > 0
+    assert simulated.optimizers[0].stats["sent_bytes"] == reports[0].bytes_sent

@@ -1,5 +1,6 @@
 """sl.DeMo pinned to its definition (research/algorithms.md §6.1 and exactness test 5 of §8)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -83,24 +84,24 @@ def test_bytes_are_counted_per_step():
     optimizer = sl.DeMo([p], 0.01, topk=8, values="bf16", exchange=SingleNode())
     p.grad = gradients(1, (128, 64))
     optimizer.step()
-    assert optimizer.stats["sent_bytes"] == 16 * (2 + 2)  # int16 index + bf16 value
-    assert optimizer.stats["packed_bytes"] == 20 + 16 * 12 // 8 + 16 * 2  # header + 12-bit indices + bf16
+    # the frame's 20-byte header and one size, then the tensor's: 2-byte header, 12-bit indices, bf16 values
+    assert optimizer.stats["sent_bytes"] == 20 + 4 + 2 + 16 * 12 // 8 + 16 * 2
+    assert optimizer.stats["received_bytes"] == optimizer.stats["sent_bytes"]  # one node: its own
 
 
 def test_a_peer_with_impossible_coefficients_is_left_out_and_counted():
     class HostilePeer:
         nodes = 2
 
-        def all_gather(self, indices, values):
-            bad = values.clone()
-            bad[0] = float("nan")
-            return torch.stack([indices, indices]), torch.stack([values, bad])
+        def all_gather(self, payload, *, step, max_bytes):
+            assert len(payload) <= max_bytes
+            return [payload, payload[:-4] + np.float32(np.nan).tobytes()]  # its last value a NaN
 
     p = torch.nn.Parameter(torch.zeros(64, 32))
     optimizer = sl.DeMo([p], 0.01, topk=1024, chunk=32, values="f32", exchange=HostilePeer())
     p.grad = gradients(0)
     optimizer.step()
-    assert optimizer.refusals == [(1, "0.0", "a NaN or infinite value")]
+    assert optimizer.refusals == [(1, "0.0", "a NaN or infinite value among the coefficients")]
     assert torch.allclose(p.detach(), -0.01 * torch.sign(gradients(0)))  # this node's own step, alone
 
 

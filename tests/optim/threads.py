@@ -2,8 +2,6 @@
 
 import threading
 
-import torch
-
 
 class ThreadedGroup:
     """Rank r's exchange is group.member(r); every member must call all_gather once per step."""
@@ -18,10 +16,11 @@ class ThreadedGroup:
         class Member:
             nodes = group.nodes
 
-            def all_gather(self, indices, values):
-                group.rows[rank] = (indices.clone(), values.clone())
+            def all_gather(self, payload, *, step, max_bytes):
+                assert len(payload) <= max_bytes
+                group.rows[rank] = payload
                 group.barrier.wait()
-                gathered = (torch.stack([r[0] for r in group.rows]), torch.stack([r[1] for r in group.rows]))
+                gathered = list(group.rows)
                 group.barrier.wait()  # nobody overwrites a row before everyone has read it
                 return gathered
 

@@ -24,7 +24,6 @@ GOOD = dict(workers=2, steps=4, loss=mse)
             {"network": sim.Network(latency=[0.1, 0.2, 0.3])},
             "lists 3 links for 2 workers",
         ),
-        (sl.DiLoCo(sync_every=2, error_feedback=True), {}, "does not model error_feedback"),
     ],
 )
 def test_bad_input_names_the_option_and_the_fix(method, options, message):

@@ -46,6 +46,7 @@ def largest_divisor_at_most(n: int, limit: int) -> int:
     return next(d for d in range(min(n, limit), 0, -1) if n % d == 0)
 
 
+@lru_cache(maxsize=1024)
 def layout_of(shape: tuple[int, ...], chunk: int) -> ChunkLayout:
     rows = shape[0] if len(shape) >= 2 else 1
     cols = math.prod(shape[1:]) if len(shape) >= 2 else math.prod(shape)
@@ -89,15 +90,18 @@ class Basis(NamedTuple):
     cols: torch.Tensor
 
 
+@lru_cache(maxsize=256)
+def _fixed_matrix(transform: str, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The DCT or identity matrix in the parameters' dtype, on their device: made once, not every step."""
+    matrix = dct_matrix(n) if transform == "dct" else torch.eye(n, dtype=torch.float64)
+    return matrix.to(dtype=dtype, device=device)
+
+
 def basis_of(layout: ChunkLayout, transform: str, *, seed: int, step: int, like: torch.Tensor) -> Basis:
     def one(n: int, axis: int) -> torch.Tensor:
-        if transform == "dct":
-            matrix = dct_matrix(n)
-        elif transform == "random":
-            matrix = random_orthonormal(n, seed, step, axis)
-        else:
-            matrix = torch.eye(n, dtype=torch.float64)
-        return matrix.to(dtype=like.dtype, device=like.device)
+        if transform == "random":
+            return random_orthonormal(n, seed, step, axis).to(dtype=like.dtype, device=like.device)
+        return _fixed_matrix(transform, n, like.dtype, like.device)
 
     return Basis(one(layout.h, 0), one(layout.w, 1))
 

@@ -10,8 +10,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..arrays import Arrays, zeros_like
-from ..errors import ConfigError
+from ..errors import ConfigError, PayloadError
 from ..frameworks.base import adapter_for
+from ..wire.topk import TopK, parse_topk
 from .merge import MergeRule, WeightedMean
 from .method import Rounds, WireOptions
 from .outer import FULL_ROUND, OuterOptimizer, OuterState, RoundShape, outer_nesterov, outer_nesterov_by_share
@@ -19,6 +20,20 @@ from .partition import BalancedBytes, Schema, Strided
 from .schedule import fragment_offsets
 
 DTYPE_NAMES = (None, "F32", "F16", "BF16", "F8_E4M3", "F8_E4M3_TENSOR", "F4")
+
+
+def _check_dtype(config: object, name: str) -> None:
+    """A dtype name, or a TopK (kept as its canonical name, which is what to_dict and payloads record)."""
+    value = getattr(config, name)
+    if isinstance(value, TopK):
+        object.__setattr__(config, name, value.name)
+    elif isinstance(value, str) and value.startswith("TOPK("):
+        try:
+            parse_topk(value)
+        except PayloadError as error:
+            raise ConfigError(f"{name}={value!r}: {error}") from None
+    elif value not in DTYPE_NAMES:
+        raise ConfigError(f"{name}={value!r} is not a wire dtype; use one of {DTYPE_NAMES} or sl.TopK(...)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +61,8 @@ class DiLoCo:
     delta_dtype / commit_dtype: wire encodings of contributions and of commits' changes (commit_dtype
         defaults to delta_dtype; "F32" commits the full parameters every round). With a lossy commit
         encoding, a commit is its change, and the full parameters go out as a snapshot every few rounds.
+        sl.TopK(fraction=1/64, chunk=64, values="2bit") sends the top of each chunk (wire/topk.py), with
+        error feedback always, and is recorded by its name.
     error_feedback: keep each node's encoding error and add it to its next contribution.
     snapshot_every: with a lossy commit encoding, the rounds between two snapshots of the full parameters
         and outer state (None: so that snapshots add at most half to the commits' bytes, and at most 32).
@@ -67,8 +84,8 @@ class DiLoCo:
     max_norm_ratio: float | None = 10.0
     grace_seconds: float | None = None
     global_batch_size: int | None = None
-    delta_dtype: str | None = None
-    commit_dtype: str | None = None
+    delta_dtype: str | TopK | None = None
+    commit_dtype: str | TopK | None = None
     error_feedback: bool = False
     snapshot_every: int | None = None
     flush_on_close: bool = False
@@ -115,10 +132,7 @@ class DiLoCo:
                 "global_batch_size", self.global_batch_size, 1, None, "the samples all nodes share a step"
             )
         for name in ("delta_dtype", "commit_dtype"):
-            if getattr(self, name) not in DTYPE_NAMES:
-                raise ConfigError(
-                    f"{name}={getattr(self, name)!r} is not a wire dtype; use one of {DTYPE_NAMES}"
-                )
+            _check_dtype(self, name)
         if not isinstance(self.partition, Strided | BalancedBytes):
             raise ConfigError(f"partition={self.partition!r} must be sl.Strided() or sl.BalancedBytes()")
         if not hasattr(self.merge, "merge") or not hasattr(self.merge, "weight"):
@@ -166,7 +180,9 @@ class DiLoCo:
         # A commit's change goes out in the deltas' encoding unless commit_dtype says otherwise: a run that
         # sends 4-bit deltas downloads 4-bit commits too.
         commit_dtype = self.commit_dtype if self.commit_dtype is not None else self.delta_dtype
-        return WireOptions(delta_dtype=self.delta_dtype, commit_dtype=commit_dtype, error_feedback=self.error_feedback,
+        # Top-k leaves most of a Δ out: without feedback it would be lost for good, so TopK always keeps it.
+        feedback = self.error_feedback or str(self.delta_dtype).startswith("TOPK(")
+        return WireOptions(delta_dtype=self.delta_dtype, commit_dtype=commit_dtype, error_feedback=feedback,
                            snapshot_every=self.snapshot_every)  # fmt: skip
 
     def weight(self, samples: int, steps: int) -> float:

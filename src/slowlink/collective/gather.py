@@ -1,6 +1,6 @@
-"""DeMo's exchange over torch.distributed: one all-gather of every node's fixed-size indices and one of its
-values, tensors only (object collectives pickle, and nothing here unpickles). The tensors travel in the
-dtypes the caller chose (int16 indices and bf16 values for DeMo's defaults).
+"""DeMo's exchange over torch.distributed: every node's packed coefficients (wire/coefficients.py), as bytes in
+uint8 tensors. Two all-gathers a step: the sizes (packed sizes vary with the index coding), then the bytes,
+padded to the largest. Tensors only: object collectives pickle, and nothing here unpickles.
 """
 
 import torch
@@ -20,13 +20,26 @@ class TorchDistributedExchange:
             )
         self.group = group
         self.nodes = dist.get_world_size(group)
+        # NCCL gathers only tensors on the GPU; gloo those on the CPU.
+        backend = dist.get_backend(group)
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        )
 
-    def _gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        # As bytes: gloo has no int16, and the bytes are what travels anyway.
-        raw = tensor.contiguous().view(torch.uint8)
-        rows = [torch.empty_like(raw) for _ in range(self.nodes)]
-        dist.all_gather(rows, raw, group=self.group)
-        return torch.stack(rows).view(tensor.dtype)
+    def _gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        rows = [torch.empty_like(tensor) for _ in range(self.nodes)]
+        dist.all_gather(rows, tensor, group=self.group)
+        return rows
 
-    def all_gather(self, indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._gather(indices), self._gather(values)
+    def all_gather(self, payload: bytes, *, step: int, max_bytes: int) -> list[bytes | None]:
+        del step
+        size = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
+        sizes = [int(s.item()) for s in self._gather(size)]
+        longest = max(sizes)
+        if longest > max_bytes:  # a peer that sends more than any node can: refuse before allocating
+            raise ConfigError(f"a node sends {longest} bytes a step where at most {max_bytes} can be right: "
+                              "the nodes run different models or options")  # fmt: skip
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        rows = self._gather(padded.to(self.device))
+        return [row[:n].cpu().numpy().tobytes() for row, n in zip(rows, sizes, strict=True)]

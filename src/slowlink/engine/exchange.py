@@ -1,21 +1,20 @@
-"""How a per-step method (DeMo) meets the other nodes: every node's coefficients, gathered. The seam between
-the method and the channel, like channel.py for the round-based methods: torch.distributed (collective/),
-the mailbox and the simulator each implement it; SingleNode is the one that needs no channel.
+"""How a per-step method (DeMo) meets the other nodes: every node's bytes of a step, gathered. The seam between
+the method and the channel, like channel.py for the round-based methods: torch.distributed (collective/gather.py),
+a mailbox (collective/mailbox.py) and the simulator (sim/demo.py) each implement it; SingleNode needs no channel.
 """
 
 from typing import Protocol
 
-import torch
-
 
 class CoefficientExchange(Protocol):
-    """An all-gather of one fixed-size pair of tensors per node, in rank order (this node's row included)."""
+    """An all-gather of one payload per node and step, in rank order (this node's row included)."""
 
     @property
     def nodes(self) -> int: ...
 
-    def all_gather(self, indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(indices (nodes, n), values (nodes, n)) from this node's (n,) indices and (n,) values."""
+    def all_gather(self, payload: bytes, *, step: int, max_bytes: int) -> list[bytes | None]:
+        """Every node's payload of `step`, this node's own at its rank; None for a node whose payload did not
+        come in time (an exchange that waits with a deadline). `max_bytes`: the most any node can send."""
         ...
 
 
@@ -24,5 +23,6 @@ class SingleNode:
 
     nodes = 1
 
-    def all_gather(self, indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return indices[None], values[None]
+    def all_gather(self, payload: bytes, *, step: int, max_bytes: int) -> list[bytes | None]:
+        del step, max_bytes
+        return [payload]

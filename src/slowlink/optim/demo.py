@@ -6,6 +6,7 @@ momentum (algorithms/demo.py), all-gathers every node's sparse coefficients thro
 from collections.abc import Iterable
 from math import isfinite
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -18,11 +19,11 @@ from ..algorithms.demo import (
     Sparse,
     demo_math,
     layout_of,
-    refusal,
 )
 from ..engine.exchange import CoefficientExchange, SingleNode
-from ..errors import ConfigError
-from ..wire.sparse import packed_size
+from ..errors import ConfigError, PayloadError, SessionStateError
+from ..wire.coefficients import decode_frame, encode_frame, frame_size
+from ..wire.sparse import decode_sparse, encode_sparse, packed_size
 
 
 def _default_exchange() -> CoefficientExchange:
@@ -105,8 +106,13 @@ class DeMo(torch.optim.Optimizer):
         self.topk, self.chunk, self.values, self.value_scale = topk, chunk, values, value_scale
         self.exchange = exchange if exchange is not None else _default_exchange()
         self.refusals: list[tuple[int, str, str]] = []  # (node, tensor, reason), every step's
-        self._shapes = {name: tuple(p.shape) for name, p, _ in self._named()}
-        self.stats = {"steps": 0, "sent_bytes": 0, "received_bytes": 0, "packed_bytes": 0}
+        self._layouts = {name: layout_of(tuple(p.shape), chunk) for name, p, _ in self._named()}
+        self._max_bytes = frame_size([
+            packed_size(lay.chunks, min(topk, lay.chunk_numel), lay.chunk_numel, values, value_scale)
+            for lay in self._layouts.values()
+        ])  # fmt: skip
+        self._step, self._sent, self._pending = 0, 0, None
+        self.stats = {"steps": 0, "sent_bytes": 0, "received_bytes": 0, "missing": 0}
         self._math = demo_math(
             compression_decay=compression_decay, topk=topk, chunk=chunk, transform=transform,
             sparse_average_over=sparse_average, subtract=subtract, values=values, value_scale=value_scale,
@@ -122,68 +128,88 @@ class DeMo(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """One DeMo step: begin_step (compress and pack), the exchange's all-gather, end_step (the sign step)."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        payload = self.begin_step()
+        self.end_step(self.exchange.all_gather(payload, step=self._step, max_bytes=self._max_bytes))
+        return loss
+
+    @torch.no_grad()
+    def begin_step(self) -> bytes:
+        """Compress this node's momentum; the step's payload, for every node (wire/coefficients.py). The
+        simulator calls the two halves itself; step() calls them around its exchange."""
         named = self._named()
+        # The step count lives in the optimizer's state (so load_state_dict resumes it), the same in each tensor.
+        self._step = int(self.state[named[0][1]].get("step", 0)) if named else 0
         # A parameter without a gradient still sends its (zero-gradient) coefficients: every node's
-        # payload keeps the same size, which the all-gather needs.
+        # payload keeps the same tensors, which the exchange needs.
         grads = {name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p, _ in named}
-        first = self.state[named[0][1]] if named else {}
         state = DeMoState(
-            {
-                name: self.state[p].get("momentum", torch.zeros_like(p, dtype=torch.float32))
-                for name, p, _ in named
-            },
-            int(first.get("step", 0)),
+            {name: self.state[p].get("momentum", torch.zeros_like(p, dtype=torch.float32)) for name, p, _ in named},
+            self._step,
+        )  # fmt: skip
+        sent, self._pending = self._math.compress(
+            grads, state, {name: group["lr"] for name, _, group in named}
         )
-        sent, state = self._math.compress(grads, state, {name: group["lr"] for name, _, group in named})
-        directions, state = self._math.direction(self._gather(sent), state)
-        for name, p, group in named:
+        parts = [
+            encode_sparse(s.indices.cpu().numpy(), s.values.float().cpu().numpy(), self._layouts[name].chunk_numel,
+                          values_as=self.values, scale=self.value_scale)
+            for name, s in sent.items()
+        ]  # fmt: skip
+        payload = encode_frame(self._step, parts)
+        self._sent = len(payload)
+        return payload
+
+    @torch.no_grad()
+    def end_step(self, rows: list[bytes | None]) -> None:
+        """Average the gathered payloads (None: a node that did not send in time) and take the sign step."""
+        if self._pending is None:
+            raise SessionStateError(
+                "DeMo.end_step() without begin_step(): call step(), or both halves in order"
+            )
+        gathered = self._decode(rows)
+        directions, state = self._math.direction(gathered, self._pending)
+        self._pending = None
+        for name, p, group in self._named():
             self.state[p]["momentum"], self.state[p]["step"] = state.momentum[name], state.step
             if group["weight_decay"]:
                 p.mul_(1.0 - group["lr"] * group["weight_decay"])
             p.add_(directions[name].sign().to(p.dtype), alpha=-group["lr"])
+        self._step = state.step
         self.stats["steps"] += 1
-        return loss
+        self.stats["sent_bytes"] += self._sent
+        self.stats["received_bytes"] += sum(len(row) for row in rows if row is not None)  # its own included
+        self.stats["missing"] += sum(row is None for row in rows)
 
-    def _gather(self, sent: dict[str, Sparse]) -> dict[str, Sparse]:
-        """Every node's coefficients per tensor, (nodes, chunks, k), less the nodes that failed a check."""
-        layouts = {name: layout_of(tuple(self._shapes[name]), self.chunk) for name in sent}
-        # The index type follows from the layouts alone, so every node picks the same one.
-        index_type = (
-            torch.int16
-            if max((lay.chunk_numel for lay in layouts.values()), default=1) <= 2**15
-            else torch.int32
-        )
-        value_type = torch.bfloat16 if self.values == "bf16" else torch.float32
-        indices = torch.cat([s.indices.reshape(-1) for s in sent.values()]).to(index_type)
-        values = torch.cat([s.values.reshape(-1) for s in sent.values()]).to(value_type)
-        all_indices, all_values = self.exchange.all_gather(indices, values)
-        nodes = all_indices.shape[0]
-        self._count_bytes(sent, layouts, indices.nbytes + values.nbytes, nodes)
-        gathered, offset, refused = {}, 0, set()
-        for name, s in sent.items():
-            size = s.indices.numel()
-            rows = Sparse(all_indices[:, offset : offset + size].to(torch.int64).reshape(nodes, *s.indices.shape),
-                          all_values[:, offset : offset + size].to(s.values.dtype).reshape(nodes, *s.values.shape))  # fmt: skip
-            offset += size
-            gathered[name] = rows
-            for node in range(nodes):
-                reason = refusal(Sparse(rows.indices[node], rows.values[node]), layouts[name], self.topk)
-                if reason is not None:
-                    refused.add(node)
-                    self.refusals.append((node, name, reason))
-        kept = torch.tensor([n for n in range(nodes) if n not in refused], dtype=torch.int64)
-        return {name: Sparse(rows.indices[kept], rows.values[kept]) for name, rows in gathered.items()}
+    def _decode(self, rows: list[bytes | None]) -> dict[str, Sparse]:
+        """Every node's coefficients per tensor, (nodes, chunks, k), less those missing or failing a check."""
+        device = next(iter(self._pending.momentum.values())).device
+        kept: list[list[tuple]] = []
+        for node, row in enumerate(rows):
+            if row is None:
+                continue
+            try:
+                kept.append(self._decode_row(row))
+            except PayloadError as error:
+                tensor, reason = error.args if len(error.args) == 2 else ("-", str(error))
+                self.refusals.append((node, tensor, reason))
+        out = {}
+        for t, name in enumerate(self._layouts):
+            indices = torch.from_numpy(np.stack([node[t][0] for node in kept])).to(device)
+            values = torch.from_numpy(np.stack([node[t][1] for node in kept])).to(device)
+            out[name] = Sparse(indices, values)
+        return out
 
-    def _count_bytes(self, sent: dict[str, Sparse], layouts: dict, exchanged: int, nodes: int) -> None:
-        """sent/received: the bytes of this step's all-gather; packed: what wire/sparse.py would send."""
-        self.stats["sent_bytes"] += exchanged
-        self.stats["received_bytes"] += exchanged * nodes
-        self.stats["packed_bytes"] += sum(
-            packed_size(layouts[name].chunks, s.indices.shape[1], layouts[name].chunk_numel, self.values,
-                        self.value_scale)
-            for name, s in sent.items()
-        )  # fmt: skip
+    def _decode_row(self, row: bytes) -> list[tuple[np.ndarray, np.ndarray]]:
+        parts = decode_frame(row, step=self._step, tensors=len(self._layouts))
+        decoded = []
+        for part, (name, layout) in zip(parts, self._layouts.items(), strict=True):
+            try:
+                decoded.append(decode_sparse(part, chunks=layout.chunks, k=min(self.topk, layout.chunk_numel),
+                                             chunk_numel=layout.chunk_numel))  # fmt: skip
+            except PayloadError as error:
+                raise PayloadError(name, str(error)) from None
+        return decoded

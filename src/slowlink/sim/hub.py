@@ -18,6 +18,7 @@ from ..engine.channel import Arrival, Contribution
 from ..frameworks.base import host_arrays
 from ..wire import payload
 from ..wire.commit_change import encode_change
+from ..wire.fragment import encode_fragment
 from .network import Network
 
 NEVER = math.inf
@@ -66,6 +67,7 @@ class Hub:
     bytes_sent: list[int] = field(init=False)
     bytes_received: list[int] = field(init=False)
     residuals: dict[int, Arrays] = field(default_factory=dict)  # fragment -> the commits' encoding error
+    feedback: dict[tuple[int, int], Arrays] = field(default_factory=dict)  # (worker, fragment) -> Δ's error
 
     def __post_init__(self) -> None:
         workers, fragments = len(self.names), len(self.params)
@@ -87,8 +89,15 @@ class Hub:
         delta.update(host_arrays(delta))
         for name, values in delta.items():
             np.subtract(contribution.anchor[name], values, out=values)
-        encoding = self.method.wire().delta_dtype or "F32"
-        data = payload.pack(delta, {"kind": "delta"}, encoding=encoding)
+        wire = self.method.wire()
+        encoding = wire.delta_dtype or "F32"
+        if wire.error_feedback:  # the node's residual, as the Courier keeps it (counted at once as merged)
+            encoded, self.feedback[(worker, contribution.fragment)] = encode_fragment(
+                delta, encoding, feedback=True, residual=self.feedback.get((worker, contribution.fragment))
+            )
+            data = payload.pack_encoded(encoded, {"kind": "delta"}, encoding=encoding)
+        else:
+            data = payload.pack(delta, {"kind": "delta"}, encoding=encoding)
         if encoding != "F32":
             delta, _ = payload.unpack(data)
         q, round_ = contribution.fragment, contribution.base + 1

@@ -266,9 +266,6 @@ def _check_run(
     if network is not None and network.exchange == "pairwise":
         raise ConfigError("Network(exchange='pairwise') is the exchange of gossip methods; a method of rounds "
                           "syncs through exchange='store' (the default) or 'allreduce'")  # fmt: skip
-    if method.wire().error_feedback:
-        raise ConfigError("the simulator does not model error_feedback yet: simulate without it (its effect on "
-                          "the loss is small next to the encoding's)")  # fmt: skip
 
 
 def _per_worker(option: str, value: float | list[float], workers: int) -> list[float]:

@@ -390,7 +390,10 @@ ENCODINGS: dict[str, Encoding] = {
 
 
 def get_encoding(name: str) -> Encoding:
-    try:
+    if name in ENCODINGS:
         return ENCODINGS[name]
-    except KeyError:
-        raise PayloadError(f"unknown encoding {name!r}; known encodings are {sorted(ENCODINGS)}") from None
+    if isinstance(name, str) and name.startswith("TOPK("):  # sparse: its options are in its name (topk.py)
+        from .topk import topk_encoding  # it builds on this module
+
+        return topk_encoding(name)
+    raise PayloadError(f"unknown encoding {name!r}; known encodings are {sorted(ENCODINGS)} and sl.TopK's")

@@ -1,9 +1,12 @@
-"""The packed wire format of one tensor's sparse coefficients (DeMo, top-k compressors): chunk-local indices
-in as few bits as the chunk needs (12 for 4096 values), values as f32, bf16, 2 bits or a sign, each with a
-bf16 scale per tensor or per chunk. Lossless: it packs values already quantized (algorithms/demo.quantize).
+"""The packed wire format of one tensor's sparse coefficients (DeMo, top-k compressors): chunk-local indices,
+sorted in each chunk, in as few bits as the chunk needs (12 for 4096 values) or Rice-coded by their gaps
+(wire/rice.py) when that is shorter; values as f32, bf16, 2 bits or a sign, each with a bf16 scale per tensor
+or per chunk. Lossless: it packs values already quantized (algorithms/demo.quantize).
 
-    header  "SLSP", version, values, scale, 0, chunks (u32), k (u32), chunk_numel (u32)   little-endian
-    indices chunks·k indices, `index_bits` each, big-endian bit order, padded to a byte
+    header  version (u8), format (u8: values | scale << 2 | indices << 3); the layout (chunks, k, chunk_numel)
+            is the reader's, from the tensor's shape, and any other count fails the length checks
+    indices packed: chunks·k indices, `index_bits` each, big-endian bit order, padded to a byte
+            rice: wire/rice.py's parameter, unary quotients and remainders
     scales  (2bit, sign) one bf16 per tensor or per chunk
     values  f32: 4 bytes · bf16: 2 bytes · 2bit: codes of TWO_BIT_LEVELS · sign: the sign bit
 """
@@ -13,11 +16,13 @@ import struct
 import numpy as np
 
 from ..errors import PayloadError
+from . import rice
 
-MAGIC, VERSION = b"SLSP", 1
-HEADER = struct.Struct("<4sBBBxIII")
+VERSION = 3
+HEADER = struct.Struct("<BB")
 VALUE_FORMATS = ("f32", "bf16", "2bit", "sign")
 SCALES = ("tensor", "chunk")
+INDEX_CODINGS = ("packed", "rice")
 TWO_BIT_LEVELS = np.array([-1.0, -1.0 / 3.0, 1.0 / 3.0, 1.0], np.float32)  # as algorithms/demo.py's
 
 
@@ -30,12 +35,18 @@ def _scale_count(chunks: int, values: str, scale: str) -> int:
     return 0 if values in ("f32", "bf16") else (chunks if scale == "chunk" else 1)
 
 
-def packed_size(chunks: int, k: int, chunk_numel: int, values: str, scale: str = "tensor") -> int:
-    """Bytes of encode_sparse's output: fixed by the layout, so a reader can refuse any other length."""
+def _values_size(chunks: int, k: int, values: str, scale: str) -> int:
     count = chunks * k
     value_bytes = {"f32": 4 * count, "bf16": 2 * count, "2bit": -(-2 * count // 8), "sign": -(-count // 8)}
-    scales = 2 * _scale_count(chunks, values, scale)
-    return HEADER.size + -(-count * index_bits(chunk_numel) // 8) + scales + value_bytes[values]
+    return 2 * _scale_count(chunks, values, scale) + value_bytes[values]
+
+
+def packed_size(chunks: int, k: int, chunk_numel: int, values: str, scale: str = "tensor") -> int:
+    """Bytes of encode_sparse's output with packed indices, fixed by the layout: the most it ever writes
+    (Rice-coded indices are chosen only when shorter)."""
+    return (
+        HEADER.size + -(-chunks * k * index_bits(chunk_numel) // 8) + _values_size(chunks, k, values, scale)
+    )
 
 
 def _pack_uints(numbers: np.ndarray, bits: int) -> bytes:
@@ -62,15 +73,19 @@ def _from_bf16_bits(stored: np.ndarray) -> np.ndarray:
 
 
 def check_coefficients(indices: np.ndarray, values: np.ndarray, chunk_numel: int) -> None:
-    """Refuse coefficients no node could have sent: an index outside its chunk, one twice, a NaN."""
+    """Refuse coefficients no node could have sent: an index outside its chunk, one twice, a NaN. The indices
+    of each chunk are sorted (as encode_sparse sorts them and every coding keeps them), so a repeat is a
+    zero step and one out of order a negative step."""
     if indices.shape != values.shape or indices.ndim != 2:
         raise PayloadError(f"indices {indices.shape} and values {values.shape} must both be (chunks, k)")
     if indices.size and (indices.min() < 0 or indices.max() >= chunk_numel):
         raise PayloadError(f"an index outside [0, {chunk_numel}), the chunk's coefficients")
-    ordered = np.sort(indices, axis=1)
-    if np.any(ordered[:, 1:] == ordered[:, :-1]):
-        raise PayloadError("an index twice in one chunk: a chunk's coefficients are distinct")
-    if not np.all(np.isfinite(values)):
+    steps = np.diff(indices, axis=1)
+    if steps.size and steps.min() <= 0:
+        if np.any(steps == 0):
+            raise PayloadError("an index twice in one chunk: a chunk's coefficients are distinct")
+        raise PayloadError("indices out of order in a chunk: a coder writes each chunk's sorted")
+    if not np.isfinite(values).all():
         raise PayloadError("a NaN or infinite value among the coefficients")
 
 
@@ -107,39 +122,44 @@ def encode_sparse(
     *,
     values_as: str = "bf16",
     scale: str = "tensor",
+    index_coding: str = "shortest",
 ) -> bytes:
-    """Pack (chunks, k) chunk-local indices and their values, already quantized as `values_as`."""
-    if values_as not in VALUE_FORMATS or scale not in SCALES:
-        raise PayloadError(f"values_as={values_as!r}, scale={scale!r}: choose from {VALUE_FORMATS}, {SCALES}")
+    """Pack (chunks, k) chunk-local indices and their values, already quantized as `values_as`, each chunk's
+    sorted by index. index_coding: "packed", "rice", or "shortest" (whichever makes fewer bytes)."""
+    if (
+        values_as not in VALUE_FORMATS
+        or scale not in SCALES
+        or index_coding not in (*INDEX_CODINGS, "shortest")
+    ):
+        raise PayloadError(f"values_as={values_as!r}, scale={scale!r}, index_coding={index_coding!r}: choose "
+                           f"from {VALUE_FORMATS}, {SCALES}, {(*INDEX_CODINGS, 'shortest')}")  # fmt: skip
     indices, values = np.asarray(indices), np.asarray(values, np.float32)
+    if indices.shape != values.shape or indices.ndim != 2:
+        raise PayloadError(f"indices {indices.shape} and values {values.shape} must both be (chunks, k)")
+    order = np.argsort(indices, axis=1)
+    indices, values = np.take_along_axis(indices, order, 1), np.take_along_axis(values, order, 1)
     check_coefficients(indices, values, chunk_numel)
     chunks, k = indices.shape
-    header = HEADER.pack(
-        MAGIC, VERSION, VALUE_FORMATS.index(values_as), SCALES.index(scale), chunks, k, chunk_numel
-    )
-    return (
-        header
-        + _pack_uints(indices.ravel(), index_bits(chunk_numel))
-        + _encode_values(values, values_as, scale)
-    )
+    bits = index_bits(chunk_numel)
+    b, coded_bits = rice.best_parameter(rice.gaps_of(indices), bits)
+    if index_coding == "shortest":
+        shorter = rice.rice_size(chunks * k, b, coded_bits) < -(-chunks * k * bits // 8)
+        index_coding = "rice" if shorter else "packed"
+    coded = rice.encode_rice(indices, b) if index_coding == "rice" else _pack_uints(indices.ravel(), bits)
+    form = VALUE_FORMATS.index(values_as) | SCALES.index(scale) << 2 | INDEX_CODINGS.index(index_coding) << 3
+    header = HEADER.pack(VERSION, form)
+    return header + coded + _encode_values(values, values_as, scale)
 
 
-def _read_header(data: bytes, chunks: int, k: int, chunk_numel: int) -> tuple[str, str]:
+def _read_header(data: bytes) -> tuple[str, str, str]:
     if len(data) < HEADER.size:
         raise PayloadError(
             f"{len(data)} bytes: shorter than the {HEADER.size}-byte header of sparse coefficients"
         )
-    magic, version, how, scale, *layout = HEADER.unpack_from(data)
-    if magic != MAGIC or version != VERSION or how >= len(VALUE_FORMATS) or scale >= len(SCALES):
-        raise PayloadError(
-            f"not sparse coefficients of format {VERSION} (magic {magic!r}, version {version})"
-        )
-    if tuple(layout) != (chunks, k, chunk_numel):
-        raise PayloadError(
-            f"{layout[0]} chunks of {layout[1]} coefficients out of {layout[2]}, where the tensor has "
-            f"{chunks} chunks of {k} out of {chunk_numel}: the wrong count for this tensor"
-        )
-    return VALUE_FORMATS[how], SCALES[scale]
+    version, form = HEADER.unpack_from(data)
+    if version != VERSION or form >> 4:
+        raise PayloadError(f"not sparse coefficients of format {VERSION} (version {version}, format {form})")
+    return VALUE_FORMATS[form & 3], SCALES[form >> 2 & 1], INDEX_CODINGS[form >> 3 & 1]
 
 
 def _decode_values(body: bytes, chunks: int, k: int, how: str, scale: str) -> np.ndarray:
@@ -158,13 +178,19 @@ def _decode_values(body: bytes, chunks: int, k: int, how: str, scale: str) -> np
 
 def decode_sparse(data: bytes, *, chunks: int, k: int, chunk_numel: int) -> tuple[np.ndarray, np.ndarray]:
     """(indices int64, values float32), both (chunks, k), from a peer's bytes; a PayloadError says why not."""
-    how, scale = _read_header(data, chunks, k, chunk_numel)
-    expected = packed_size(chunks, k, chunk_numel, how, scale)
-    if len(data) != expected:
-        raise PayloadError(f"{len(data)} bytes where this layout packs into {expected}: truncated or padded")
+    how, scale, coding = _read_header(data)
     bits, count = index_bits(chunk_numel), chunks * k
-    index_end = HEADER.size + -(-count * bits // 8)
-    indices = _unpack_uints(data[HEADER.size : index_end], count, bits).reshape(chunks, k)
+    if coding == "packed":
+        index_end = HEADER.size + -(-count * bits // 8)
+        if len(data) >= index_end:
+            indices = _unpack_uints(data[HEADER.size : index_end], count, bits).reshape(chunks, k)
+    else:
+        indices, used = rice.decode_rice(data[HEADER.size :], chunks, k, bits)
+        index_end = HEADER.size + used
+    expected = index_end + _values_size(chunks, k, how, scale)
+    if len(data) != expected:
+        raise PayloadError(f"{len(data)} bytes where {chunks} chunks of {k} coefficients out of {chunk_numel} "
+                           f"pack into {expected}: truncated, padded, or the wrong count for this tensor")  # fmt: skip
     values = _decode_values(data[index_end:], chunks, k, how, scale)
     check_coefficients(indices, values, chunk_numel)
     return indices, values

@@ -1,0 +1,118 @@
+"""DeMo's compression and decompression on one CPU core, per step and per million parameters, beside a forward
+and backward pass of the small language model and beside the floor: the chunked DCT's matrix products.
+
+    python benchmarks/demo_speed.py [--repeats 20] [--workers 4]
+
+One thread (torch.set_num_threads(1)). The small GPT (research/algorithms.md §8, about 0.8M parameters),
+batch 8 of 128 bytes. Compression is DeMo.begin_step (momentum, forward DCT, top-k, values, the inverse of
+what was sent, packing); decompression is DeMo.end_step on `workers` payloads (unpacking and checking,
+the sparse average, the inverse DCT, the sign step). The floor is the transform itself: one forward
+(two batched matrix products per tensor) and one inverse, which any DCT-based DeMo step must do.
+Each time is the median of the repeats.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import slowlink as sl
+from slowlink.algorithms import demo as d
+from slowlink.demo.corpus import WINDOW
+from slowlink.demo.model import build_model, loss_on
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _report import markdown_table, write_section  # noqa: E402
+
+
+def median_seconds(function, repeats: int) -> float:
+    function()  # warm: caches, allocator
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def transforms(params: list[torch.Tensor], chunk: int):
+    layouts = [d.layout_of(tuple(p.shape), chunk) for p in params]
+    bases = [d.basis_of(lay, "dct", seed=0, step=0, like=p) for lay, p in zip(layouts, params, strict=True)]
+    coefficients = [d.forward(p.detach(), lay, b) for p, lay, b in zip(params, layouts, bases, strict=True)]
+
+    def forward():
+        for p, lay, b in zip(params, layouts, bases, strict=True):
+            d.forward(p.detach(), lay, b)
+
+    def inverse():
+        for c, lay, b in zip(coefficients, layouts, bases, strict=True):
+            d.inverse(c, lay, b)
+
+    return forward, inverse
+
+
+def measure(values: str, topk: int, workers: int, repeats: int) -> dict[str, float]:
+    model = build_model("small")
+    params = list(model.parameters())
+    batch = torch.randint(0, 256, (8, WINDOW), generator=torch.Generator().manual_seed(0))
+
+    def forward_backward():
+        model.zero_grad()
+        loss_on(model, batch).backward()
+
+    optimizer = sl.DeMo(params, 1e-3, topk=topk, values=values)
+    forward_backward()
+    forward, inverse = transforms(params, 64)
+    return {
+        "params": sum(p.numel() for p in params),
+        "forward_backward": median_seconds(forward_backward, repeats),
+        "floor": median_seconds(lambda: (forward(), inverse()), repeats),
+        "begin": _half(optimizer, workers, repeats, "begin"),
+        "end": _half(optimizer, workers, repeats, "end"),
+    }
+
+
+def _half(optimizer, workers: int, repeats: int, which: str) -> float:
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        payload = optimizer.begin_step()
+        middle = time.perf_counter()
+        optimizer.end_step([payload] * workers)
+        end = time.perf_counter()
+        times.append(middle - start if which == "begin" else end - middle)
+    return statistics.median(times[1:])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=4)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rows = []
+    for values, topk in (("2bit", 32), ("bf16", 32), ("sign", 8)):
+        m = measure(values, topk, args.workers, args.repeats)
+        per_million = 1e6 / m["params"]
+        both = m["begin"] + m["end"]
+        rows.append([f"topk={topk}, values={values}", f"{1e3 * m['begin'] * per_million:.1f}",
+                     f"{1e3 * m['end'] * per_million:.1f}", f"{1e3 * both * per_million:.1f}",
+                     f"{1e3 * m['floor'] * per_million:.1f}", f"{both / m['floor']:.2f}×",
+                     f"{1e3 * m['forward_backward'] * per_million:.1f}", f"{both / m['forward_backward']:.2f}"])  # fmt: skip
+        print(rows[-1], flush=True)
+    body = f"""One CPU thread, the small GPT ({m["params"] / 1e6:.2f}M parameters, batch 8 of 128 bytes), {args.workers}
+payloads averaged per step, median of {args.repeats}. Times in ms per step per million parameters. The floor
+is the transform alone: one chunked DCT forward and one inverse (two batched matrix products each) over
+every tensor. Target: compression + decompression within 2× of the floor.
+
+{markdown_table(["setting", "compress", "decompress", "both", "floor (DCT + IDCT)", "both / floor", "forward+backward", "both / fwd+bwd"], rows)}
+"""
+    print(body)
+    write_section("demo2-speed", "DeMo: compression speed on one core", body)
+
+
+if __name__ == "__main__":
+    main()
