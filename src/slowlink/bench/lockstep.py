@@ -7,8 +7,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-import torch
-
 WAIT_SECONDS = 600.0  # one step of the slowest node; far more than any bench step takes
 
 
@@ -17,7 +15,7 @@ class LockstepGroup:
 
     def __init__(self, nodes: int) -> None:
         self.nodes = nodes
-        self.rows: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * nodes
+        self.rows: list[bytes | None] = [None] * nodes
         self.barrier = threading.Barrier(nodes, timeout=WAIT_SECONDS)
 
     def member(self, rank: int) -> Member:
@@ -28,11 +26,12 @@ class Member:
     def __init__(self, group: LockstepGroup, rank: int) -> None:
         self.group, self.rank, self.nodes = group, rank, group.nodes
 
-    def all_gather(self, indices: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def all_gather(self, payload: bytes, *, step: int, max_bytes: int) -> list[bytes | None]:
+        del step, max_bytes  # every node is at the same step, and the payloads are this process's own
         group = self.group
-        group.rows[self.rank] = (indices.clone(), values.clone())
+        group.rows[self.rank] = payload
         group.barrier.wait()
-        gathered = torch.stack([r[0] for r in group.rows]), torch.stack([r[1] for r in group.rows])
+        gathered = list(group.rows)
         group.barrier.wait()  # nobody writes the next step's row before everyone has read this one
         return gathered
 

@@ -150,7 +150,7 @@ def run_demo(name: str, task: Task, config: BenchConfig, progress: Progress) -> 
         models, optimizers, losses = demo_nodes(task, config, tick)
     finally:
         torch.set_num_threads(threads)
-    per_step = optimizers[0].stats["packed_bytes"] / config.steps  # one node's payload, each step
+    per_step = optimizers[0].stats["sent_bytes"] / config.steps  # one node's payload, each step
     bits, latency = network_of(config, task).link(0)
     hops = config.workers - 1
     step_seconds = config.step_time + hops * (latency + 8 * per_step / bits)
