@@ -45,12 +45,13 @@ class GossipMethod(Protocol):
     names; mix: one exchange's values by rank (this node's among them; members that did not come are
     absent) into the mixed values; update: the next round's start and state from the round's start, its
     mixed start (y), its mixed Δ (g) and the state. seed seeds the groups; mix_seconds bounds a blocking
-    exchange's wait; nodes is the roster's size over a mailbox (the simulator sets it)."""
+    exchange's wait, mix1_seconds a non-blocking one's at the round's end; nodes is the roster's size over a mailbox (the simulator sets it)."""
 
     sync_every: int
     seed: int
     nodes: int | None
     mix_seconds: float
+    mix1_seconds: float
 
     def to_dict(self) -> dict: ...
 
@@ -82,7 +83,8 @@ class GossipDiLoCo:
     regex; Mix2 mixes only the tensors whose name it finds (the paper: embeddings, head, first layers),
     the others keep their own Δ. outer_lr (η), outer_momentum (μ), nesterov: the local outer optimizer.
     seed: draws the pairs. nodes: the roster's size over a mailbox. mix2_seconds: how long Mix2 waits for
-    a partner before mixing with itself. fragments: 1 (gossip mixes the whole model each round)."""
+    a partner before mixing with itself; mix1_seconds: how long a round's end waits for a Mix1 partner
+    still on its way (0: never, the round mixes what has come; the paper's time model waits). fragments: 1 (gossip mixes the whole model each round)."""
 
     sync_every: int
     mix1: str | None = "global"
@@ -96,6 +98,7 @@ class GossipDiLoCo:
     seed: int = 0
     nodes: int | None = None
     mix2_seconds: float = 60.0
+    mix1_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if self.variant is not None:
@@ -112,7 +115,9 @@ class GossipDiLoCo:
         for name in ("mix1", "mix2"):
             if getattr(self, name) not in MIX_KINDS:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be 'global', 'pairs' or None")
-        check_common(self.sync_every, self.seed, self.nodes, self.mix2_seconds, "mix2_seconds")
+        check_common(
+            self.sync_every, self.seed, self.nodes, self.mix2_seconds, "mix2_seconds", self.mix1_seconds
+        )
         _require_number("outer_lr", self.outer_lr, 0.0, 10.0, "DiLoCo uses 0.7")
         if not 0.0 <= self.outer_momentum < 1.0:
             raise ConfigError(f"outer_momentum={self.outer_momentum!r} must be in [0, 1) (DiLoCo uses 0.9)")
@@ -180,11 +185,13 @@ class GossipDiLoCo:
             "method": "GossipDiLoCo", "sync_every": self.sync_every, "mix1": self.mix1, "mix2": self.mix2,
             "mix2_params": self.mix2_params, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
             "nesterov": self.nesterov, "fragments": self.fragments, "seed": self.seed, "nodes": self.nodes,
-            "mix2_seconds": self.mix2_seconds,
+            "mix2_seconds": self.mix2_seconds, "mix1_seconds": self.mix1_seconds,
         }  # fmt: skip
 
 
-def check_common(sync_every: object, seed: object, nodes: object, seconds: object, seconds_name: str) -> None:
+def check_common(
+    sync_every: object, seed: object, nodes: object, seconds: object, seconds_name: str, mix1_seconds: object
+) -> None:
     """The options every gossip method shares, checked with errors that name the fix."""
     if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
         raise ConfigError(f"sync_every={sync_every!r} must be a positive integer: inner steps per round")
@@ -193,6 +200,12 @@ def check_common(sync_every: object, seed: object, nodes: object, seconds: objec
     if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1):
         raise ConfigError(f"nodes={nodes!r} must be a positive integer: how many nodes the run has")
     _require_number(seconds_name, seconds, 0.0, 3600.0, "how long a blocking mix waits for a partner")
+    if (
+        isinstance(mix1_seconds, bool)
+        or not isinstance(mix1_seconds, int | float)
+        or not 0 <= mix1_seconds <= 3600
+    ):
+        raise ConfigError(f"mix1_seconds={mix1_seconds!r} must be in [0, 3600]: 0 never waits for Mix1")
 
 
 def _require_number(name: str, value: object, low: float, high: float, hint: str) -> None:

@@ -23,7 +23,8 @@ GROUPS = 0  # NoLoCo draws one set of groups per round, for both exchanges
 class NoLoCo:
     """sync_every (H): inner steps per round. group_size (n): nodes per group (2: pairs). outer_lr (β),
     outer_momentum (α), consensus_lr (γ, None: = outer_lr as the official code). seed: draws the groups.
-    nodes: the roster's size over a mailbox. mix_seconds: how long the Δ exchange waits for the group."""
+    nodes: the roster's size over a mailbox. mix_seconds: how long the Δ exchange waits for the group;
+    mix1_seconds: how long a round's end waits for slow weights still on their way (0: never)."""
 
     sync_every: int
     group_size: int = 2
@@ -33,9 +34,12 @@ class NoLoCo:
     seed: int = 0
     nodes: int | None = None
     mix_seconds: float = 60.0
+    mix1_seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        check_common(self.sync_every, self.seed, self.nodes, self.mix_seconds, "mix_seconds")
+        check_common(
+            self.sync_every, self.seed, self.nodes, self.mix_seconds, "mix_seconds", self.mix1_seconds
+        )
         if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 2:
             raise ConfigError(f"group_size={self.group_size!r} must be an integer >= 2 (NoLoCo uses 2)")
         for name, hint in (("outer_lr", "NoLoCo uses 0.7"), ("consensus_lr", "None: the outer_lr")):
@@ -84,5 +88,5 @@ class NoLoCo:
             "method": "NoLoCo", "sync_every": self.sync_every, "group_size": self.group_size,
             "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
             "consensus_lr": self.consensus_lr, "seed": self.seed, "nodes": self.nodes,
-            "mix_seconds": self.mix_seconds,
+            "mix_seconds": self.mix_seconds, "mix1_seconds": self.mix1_seconds,
         }  # fmt: skip
