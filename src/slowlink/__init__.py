@@ -1,8 +1,10 @@
 """slowlink: train one model on machines joined by slow links."""
 
-from . import checkpoint
+from . import checkpoint, metrics
 from .algorithms.diloco import DiLoCo
+from .algorithms.gossip import GossipDiLoCo
 from .algorithms.merge import WeightedMean
+from .algorithms.noloco import NoLoCo
 from .algorithms.partition import BalancedBytes, Strided
 from .algorithms.robust import NormClippedMean, TrimmedMean
 from .align import align
@@ -44,8 +46,10 @@ __all__ = [
     "DiLoCo",
     "DirMailbox",
     "Event",
+    "GossipDiLoCo",
     "MailboxError",
     "MemoryMailbox",
+    "NoLoCo",
     "NormClippedMean",
     "PayloadError",
     "S3Mailbox",
@@ -61,4 +65,5 @@ __all__ = [
     "WeightedMean",
     "align",
     "checkpoint",
+    "metrics",
 ]
