@@ -70,6 +70,7 @@ class GossipNode:
         self.exchanges = method.exchanges(self.names, exchange.nodes)
         self.round, self.in_round, self.step_count, self.samples = 0, 0, 0, 0
         self.counters = GossipCounters()
+        self.counters.stall_seconds.update({START: 0.0, DELTA: 0.0})
         self.closing: Closing | None = None
         self._publish_starts()
 
@@ -126,7 +127,8 @@ class GossipNode:
             carries = wait.exchange.carries
             before = self.clock.now()
             got = self.exchange.collect(self.round, carries, wait.group, wait.deadline)
-            self.counters.stall_seconds[carries] += self.clock.now() - before
+            if wait.deadline > before:  # a collect due now (Mix1 by default) reads what came: no wait
+                self.counters.stall_seconds[carries] += self.clock.now() - before
             values = {self.exchange.rank: {n: own[carries][n] for n in wait.exchange.names}}
             for rank, answer in sorted(got.items()):
                 reason = answer if isinstance(answer, str) else self._refusal(answer, wait.exchange.names)
