@@ -3,10 +3,14 @@ real method and engine code on real models (run.py); no threads, no sleeping. Fo
 
     result = sim.run(sl.DiLoCo(sync_every=50), make_model, batches, workers=4, step_seconds=[1, 1, 1, 2],
                      network=sim.Network(bandwidth="100Mbps", latency="30ms"), steps=2000, seed=0)
+
+Gossip methods (sl.GossipDiLoCo, sl.NoLoCo) run through sim.run_gossip, with the same arguments (gossip.py).
 """
 
+from .gossip import GossipResult, GossipWorkerReport, run_gossip
 from .hub import CommitLog
 from .network import Network, Store
 from .run import SimResult, WorkerReport, run
 
-__all__ = ["CommitLog", "Network", "SimResult", "Store", "WorkerReport", "run"]
+__all__ = ["CommitLog", "GossipResult", "GossipWorkerReport", "Network", "SimResult", "Store", "WorkerReport", "run",
+           "run_gossip"]  # fmt: skip
