@@ -4,7 +4,8 @@ gossip driver (engine/gossip.py) over the simulator's peer exchange (peers.py), 
 The scheduler moves the worker whose clock is earliest: it trains a step, or, at a round's end, publishes Δ
 and parks until its collects can be answered (every partner has published, left, or passed the deadline),
 then mixes; a blocking wait moves its clock (stall). Each round's starts of all workers are handed to
-`on_round` (default: their relative L2 consensus, recorded) once every worker has made them.
+`on_round(round, starts, seconds)` (default: their relative L2 consensus, recorded) once every worker has made
+them; `seconds` is the virtual time the last of them was made.
 """
 
 from collections import Counter
@@ -62,10 +63,12 @@ def run_gossip(
     loss: Callable[[object, object], object] | None = None,
     optimizer: Callable[[object], object] | None = None,
     samples: Callable[[object], int] | None = None,
-    on_round: Callable[[int, list[dict]], None] | None = None,
+    on_round: Callable[[int, list[dict], float], None] | None = None,
 ) -> GossipResult:
     """Simulate `workers` gossip workers training `steps` steps each (the arguments as sim.run's;
-    `on_round(round, starts)` sees every worker's start of each round, worker order)."""
+    `on_round(round, starts, seconds)` sees every worker's start of each round, in worker order, and when
+    the last was made). Returns per worker its losses, compute, stalls by mix, partners left out, and bytes
+    (blocking and non-blocking), and the consensus of each round's starts (when on_round is not given)."""
     import torch
 
     if not isinstance(method, GossipMethod):
@@ -113,7 +116,7 @@ class _Crew:
     clocks: list[VirtualClock]
     reports: list[GossipWorkerReport]
     board: SimBoard
-    record: Callable[[int, list[dict]], None]
+    record: Callable[[int, list[dict], float], None]
     starts: dict[int, dict[int, dict]] = field(default_factory=dict)  # round -> worker -> its start
 
     def run(self, batches, loss, samples, steps: int, step_seconds: float) -> None:
@@ -167,4 +170,4 @@ class _Crew:
         round_starts = self.starts[node.round]
         if len(round_starts) == len(self.nodes):
             del self.starts[node.round]
-            self.record(node.round, [round_starts[w] for w in range(len(self.nodes))])
+            self.record(node.round, [round_starts[w] for w in range(len(self.nodes))], self.clocks[i].now())

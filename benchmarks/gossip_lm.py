@@ -1,0 +1,156 @@
+"""Gossip methods on the demo's byte-level GPT in the simulator: held-out loss per step and per simulated time,
+bytes per node per round (blocking and non-blocking), stalls, and the L2 and JS consensus of each round.
+
+    python benchmarks/gossip_lm.py [--size tiny] [--steps 240] [--sync-every 20]   # about 20 minutes on 2 cores
+
+8 workers, batch 8 (TrainWindows, i.i.d., seeded per worker), AdamW lr 1e-3, betas (0.9, 0.95), one torch
+thread. One step is 1 s of virtual compute. The bandwidth is chosen so that DiLoCo's blocking all-reduce of
+the fp32 model costs 1.78 rounds of compute, the share that gives the paper's 36% utilization at 100 Mbps
+(research/algorithms.md §4.5): T_AR = 1.78·H·T_c. Mix1 waits for its values when they come late
+(mix1_seconds=3600, the paper's time model); Mix2 of GlobalM1LocalM2 and LocalM1M2 mixes the embeddings and
+the first block only (mix2_params), as the paper mixes embeddings, head and first layers. NoLoCo runs H/2
+(§8). Every round, once every worker has its start, the 8 starts are evaluated on 32 held-out windows (mean
+loss over workers), and their L2 and JS consensus taken (JS on 8 held-out windows).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import slowlink as sl
+from slowlink import sim
+from slowlink.demo.corpus import TrainWindows, heldout_windows, load_corpus
+from slowlink.demo.model import build_model, evaluate, loss_on
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import markdown_table, write_section  # noqa: E402
+
+WORKERS, BATCH = 8, 8
+MIX2_PARAMS = r"emb|blocks\.0\."
+
+
+def methods(h: int) -> dict[str, object]:
+    common = {"sync_every": h, "mix1_seconds": 3600.0}
+    return {
+        "DiLoCo": sl.GossipDiLoCo(variant="DiLoCo", **common),
+        "GlobalM1": sl.GossipDiLoCo(variant="GlobalM1", **common),
+        "GlobalM1LocalM2": sl.GossipDiLoCo(variant="GlobalM1LocalM2", mix2_params=MIX2_PARAMS, **common),
+        "LocalM1M2": sl.GossipDiLoCo(variant="LocalM1M2", mix2_params=MIX2_PARAMS, **common),
+        "NoLoCo": sl.NoLoCo(sync_every=max(1, h // 2), mix1_seconds=3600.0),
+    }
+
+
+def run_one(name: str, method, size: str, steps: int, bandwidth: float, corpus) -> dict:
+    streams = {w: TrainWindows(corpus, node=w, nodes=WORKERS, seed=0) for w in range(WORKERS)}
+    held, js_batch = heldout_windows(corpus, 32), heldout_windows(corpus, 8)[:, :-1]
+    scratch = [build_model(size) for _ in range(WORKERS)]
+    rounds = []
+
+    def on_round(round_: int, starts: list[dict], seconds: float) -> None:
+        for model, start in zip(scratch, starts, strict=True):
+            model.load_state_dict({k: torch.from_numpy(v) for k, v in start.items()}, strict=False)
+        losses = [evaluate(model, held) for model in scratch]
+        found = sl.metrics.consensus(scratch, js_batch)
+        rounds.append({"round": round_, "seconds": seconds, "loss": float(np.mean(losses)), "l2": found.l2,
+                       "js": found.js})  # fmt: skip
+
+    result = sim.run_gossip(
+        method, lambda: build_model(size), lambda w, s: (streams[w].next_batch(BATCH),), workers=WORKERS,
+        steps=steps, network=sim.Network(bandwidth=bandwidth, exchange="pairwise"), loss=lambda model, batch: loss_on(model, batch[0]),
+        optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95)), on_round=on_round,
+    )  # fmt: skip
+    for row in rounds:
+        row["step"] = row["round"] * method.sync_every
+    worker = result.workers[0]
+    per_round = max(1, worker.rounds)
+    return {
+        "name": name, "rounds": rounds, "sync_every": method.sync_every, "wall": result.wall_seconds,
+        "utilization": float(np.mean([w.utilization for w in result.workers])),
+        "blocking_bytes": worker.bytes_sent.get("blocking", 0) / per_round,
+        # Starts go out as each round begins, the one after the last round included.
+        "non_blocking_bytes": worker.bytes_sent.get("non_blocking", 0) / (per_round + 1),
+        "stall_mix1": float(np.mean([w.stall_seconds.get("start", 0.0) for w in result.workers])),
+        "stall_mix2": float(np.mean([w.stall_seconds.get("delta", 0.0) for w in result.workers])),
+        "self_mixed": sum(sum(w.self_mixed.values()) for w in result.workers),
+    }  # fmt: skip
+
+
+def loss_at(rounds: list[dict], key: str, value: float) -> float:
+    """The held-out loss of the last evaluation at or before `value` of `key` (step or seconds)."""
+    seen = [r["loss"] for r in rounds if r[key] <= value + 1e-9]
+    return seen[-1] if seen else float("nan")
+
+
+def report(results: list[dict], size: str, steps: int, h: int, bandwidth: float, params: int) -> str:
+    shortest = min(r["wall"] for r in results)
+    rows = [[r["name"], r["sync_every"], f"{r['rounds'][-1]['loss']:.4f}", f"{loss_at(r['rounds'], 'seconds', shortest):.4f}",
+             f"{r['wall']:.0f}", f"{r['utilization']:.0%}", f"{r['blocking_bytes'] / 1e6:.3f}", f"{r['non_blocking_bytes'] / 1e6:.3f}",
+             f"{r['stall_mix1']:.0f}", f"{r['stall_mix2']:.0f}", r["self_mixed"],
+             f"{np.mean([x['l2'] for x in r['rounds'][1:]]):.2e}", f"{np.mean([x['js'] for x in r['rounds'][1:]]):.2e}"]
+            for r in results]  # fmt: skip
+    table = markdown_table(
+        ["method", "H", f"loss at step {steps}", f"loss at {shortest:.0f} s", "simulated s", "utilization",
+         "blocking MB/round", "non-blocking MB/round", "Mix1 stall s", "Mix2 stall s", "left out",
+         "mean L2", "mean JS (nats)"], rows)  # fmt: skip
+    return (
+        f"8 workers of the demo's `{size}` GPT ({params:,} parameters, fp32 on the wire: "
+        f"{params * 4 / 1e6:.2f} MB), {steps} steps each, H = {h}, 1 s of compute a step, bandwidth "
+        f"{bandwidth / 1e3:.0f} kbit/s (DiLoCo's all-reduce = 1.78 rounds of compute, the paper's 100 Mbps share). "
+        "Loss: held-out nats per byte, mean over the 8 workers' round starts. Bytes: per node per round "
+        "(NoLoCo's rounds are H/2). Consensus: mean over rounds 1 on of the round starts' L2 (relative) and "
+        "generalized JS. Plot: `docs/gossip_lm.png`.\n\n" + table
+    )
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for r in results:
+        steps = [x["step"] for x in r["rounds"]]
+        axes[0].plot(steps, [x["loss"] for x in r["rounds"]], label=r["name"])
+        axes[1].plot([x["seconds"] for x in r["rounds"]], [x["loss"] for x in r["rounds"]], label=r["name"])
+        axes[2].plot(steps[1:], [x["js"] for x in r["rounds"][1:]], label=r["name"])
+    axes[0].set(xlabel="step", ylabel="held-out loss (nats)", title="per step")
+    axes[1].set(xlabel="simulated seconds", ylabel="held-out loss (nats)", title="per simulated time")
+    axes[2].set(xlabel="step", ylabel="JS consensus (nats)", title="disagreement", yscale="log")
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
+    parser.add_argument("--steps", type=int, default=240)
+    parser.add_argument("--sync-every", type=int, default=20)
+    parser.add_argument("--only", nargs="*", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    corpus = load_corpus()
+    params = sum(p.numel() for p in build_model(args.size).parameters())
+    # T_AR(S) = 2·(M−1)/M · 8S/W = 1.78·H·T_c  ⇒  W = 2·(M−1)/M · 8S / (1.78·H)
+    bandwidth = 2 * (WORKERS - 1) / WORKERS * 8 * params * 4 / (1.78 * args.sync_every)
+    results = []
+    for name, method in methods(args.sync_every).items():
+        if args.only and name not in args.only:
+            continue
+        results.append(run_one(name, method, args.size, args.steps, bandwidth, corpus))
+        print(name, json.dumps({k: v for k, v in results[-1].items() if k != "rounds"}), flush=True)
+    out = Path(__file__).resolve().parent.parent / "docs"
+    (out / "gossip_lm.json").write_text(json.dumps(results, indent=1))
+    plot(results, out / "gossip_lm.png")
+    body = report(results, args.size, args.steps, args.sync_every, bandwidth, params)
+    print(body)
+    write_section("gossip", "Gossip DiLoCo and NoLoCo on the demo GPT, simulated (8 workers)", body)
+
+
+if __name__ == "__main__":
+    main()
