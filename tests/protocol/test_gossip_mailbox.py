@@ -85,3 +85,20 @@ def test_a_node_whose_partner_sends_a_corrupt_delta_mixes_mix2_with_itself_and_m
         np.testing.assert_allclose(p.detach().numpy(), expected, rtol=1e-6)
     assert stats.self_mixed == {"corrupt": 1} and stats.rounds == 1 and stats.mix1_stall_seconds == 0.0
     assert [e.data["reason"].split(":")[0] for e in events if e.kind == "self_mixed"] == ["corrupt"]
+
+
+def test_a_gossip_session_needs_its_rosters_size_and_a_node_id():
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(sl.ConfigError, match="nodes=4"):
+        sl.Session(model, algorithm=sl.GossipDiLoCo(sync_every=2), mailbox=sl.MemoryMailbox(), node_id="a")
+    with pytest.raises(sl.ConfigError, match="node_id"):
+        sl.Session(model, algorithm=sl.NoLoCo(sync_every=2, nodes=2), mailbox=sl.MemoryMailbox())
+
+
+def test_the_simulators_two_entry_points_name_each_other():
+    from slowlink import sim
+
+    with pytest.raises(sl.ConfigError, match="run_gossip"):
+        sim.run(sl.GossipDiLoCo(sync_every=2), torch.nn.Linear(2, 1), lambda w, s: None, workers=2, steps=2)
+    with pytest.raises(sl.ConfigError, match="sim.run"):
+        sim.run_gossip(sl.DiLoCo(sync_every=2), torch.nn.Linear(2, 1), lambda w, s: None, workers=2, steps=2)

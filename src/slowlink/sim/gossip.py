@@ -72,7 +72,9 @@ def run_gossip(
     import torch
 
     if not isinstance(method, GossipMethod):
-        raise ConfigError(f"{method!r} is not a gossip method: pass e.g. sl.GossipDiLoCo(sync_every=20)")
+        raise ConfigError(
+            f"{method!r} is not a gossip method: pass e.g. sl.GossipDiLoCo(sync_every=20) (DiLoCo runs in sim.run)"
+        )
     for name, value in (("workers", workers), ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name}={value!r} must be a positive integer")
