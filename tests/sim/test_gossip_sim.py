@@ -81,3 +81,21 @@ def test_a_mix1_too_slow_for_its_round_is_left_out_and_counted():
     )
     assert result.wall_seconds == pytest.approx(10.0)
     assert all(worker.self_mixed == {"late": 2 * 7} for worker in result.workers)
+
+
+def test_the_diloco_variant_in_the_gossip_simulator_ends_where_sl_diloco_does():
+    import slowlink as sl
+    from slowlink import sim
+
+    options = {
+        "workers": 8,
+        "steps": 15,
+        "samples": lambda batch: 1,
+        "optimizer": lambda p: torch.optim.SGD(p, lr=0.05),
+    }
+    gossip = run_gossip(GossipDiLoCo(sync_every=5, variant="DiLoCo"), Quadratic, noisy, **options)
+    diloco = sim.run(sl.DiLoCo(sync_every=5, overlap_steps=0, quorum_size=8), Quadratic, noisy,
+                     loss=lambda model, batch: model(*batch), **options)  # fmt: skip
+    for ours, theirs in zip(gossip.models, diloco.models, strict=True):
+        # The same rounds to float32 rounding: DiLoCo's node lands on its commit by θ + (Θ − θ_snapshot).
+        np.testing.assert_allclose(ours.w.detach().numpy(), theirs.w.detach().numpy(), atol=1e-6)

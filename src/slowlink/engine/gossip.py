@@ -143,8 +143,11 @@ class GossipNode:
         self.adapter.assign(new_start)
         self.start = {name: np.array(values, dtype=np.float32) for name, values in new_start.items()}
         self.counters.rounds += 1
+        distances = self.counters.partner_distance
+        distance = distances[-1][1] if distances and distances[-1][0] == self.round else None
         self.emit(Event("gossip_round", self.node_id, f"round {self.round} mixed and stepped",
-                        {"round": self.round, "waited": round(self.clock.now() - closing.opened_at, 6)}))  # fmt: skip
+                        {"round": self.round, "waited": round(self.clock.now() - closing.opened_at, 6),
+                         "partner_distance": distance}))  # fmt: skip
         self.exchange.forget(self.round)
         self.round, self.in_round = self.round + 1, 0
         self._publish_starts()

@@ -98,7 +98,9 @@ def run_gossip(
     ]  # fmt: skip
     consensus: list[tuple[int, float]] = []
     record = (
-        on_round if on_round is not None else (lambda r, starts: consensus.append((r, l2_consensus(starts))))
+        on_round
+        if on_round is not None
+        else (lambda r, starts, _: consensus.append((r, l2_consensus(starts))))
     )
     crew = _Crew(nodes, [optimizer(m.parameters()) for m in models], models, clocks, reports, board, record)
     crew.run(batches, loss, samples, steps, step_seconds)
