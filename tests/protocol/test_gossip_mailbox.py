@@ -93,6 +93,9 @@ def test_a_gossip_session_needs_its_rosters_size_and_a_node_id():
         sl.Session(model, algorithm=sl.GossipDiLoCo(sync_every=2), mailbox=sl.MemoryMailbox(), node_id="a")
     with pytest.raises(sl.ConfigError, match="node_id"):
         sl.Session(model, algorithm=sl.NoLoCo(sync_every=2, nodes=2), mailbox=sl.MemoryMailbox())
+    with pytest.raises(sl.ConfigError, match="run_key= is not available"):  # never silently unsigned
+        sl.Session(model, algorithm=sl.NoLoCo(sync_every=2, nodes=2), mailbox=sl.MemoryMailbox(), node_id="a",
+                   run_key="secret")  # fmt: skip
 
 
 def test_the_simulators_two_entry_points_name_each_other():
