@@ -99,3 +99,15 @@ def test_the_diloco_variant_in_the_gossip_simulator_ends_where_sl_diloco_does():
     for ours, theirs in zip(gossip.models, diloco.models, strict=True):
         # The same rounds to float32 rounding: DiLoCo's node lands on its commit by θ + (Θ − θ_snapshot).
         np.testing.assert_allclose(ours.w.detach().numpy(), theirs.w.detach().numpy(), atol=1e-6)
+
+
+def test_a_slow_worker_holds_back_a_blocking_mix_but_not_a_non_blocking_one():
+    options = {"workers": 8, "steps": 10, "step_seconds": [1.0] * 7 + [2.0], "samples": lambda batch: 1,
+               "optimizer": lambda p: torch.optim.SGD(p, lr=0.05)}  # fmt: skip
+    diloco = run_gossip(GossipDiLoCo(sync_every=5, variant="DiLoCo"), Quadratic, noisy, **options)
+    assert [w.wall_seconds for w in diloco.workers] == [20.0] * 8  # every round waits for the slow one
+    global_m1 = run_gossip(GossipDiLoCo(sync_every=5, variant="GlobalM1"), Quadratic, noisy, **options)
+    assert [w.wall_seconds for w in global_m1.workers] == [10.0] * 7 + [20.0]  # nobody waits
+    # Round 0's starts are the same for all; in round 1 the fast ones mix without the slow one's start (not
+    # published yet: late), and the slow one with everyone's, which waited in the store.
+    assert [w.self_mixed for w in global_m1.workers] == [{"late": 1}] * 7 + [{}]

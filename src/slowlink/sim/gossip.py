@@ -20,6 +20,7 @@ from ..frameworks.base import adapter_for
 from ..metrics import l2_consensus
 from .network import Network
 from .peers import SimBoard, SimPeers
+from .run import _per_worker
 
 
 @dataclass
@@ -57,7 +58,7 @@ def run_gossip(
     *,
     workers: int,
     steps: int,
-    step_seconds: float = 1.0,
+    step_seconds: float | list[float] = 1.0,
     network: Network | None = None,
     seed: int = 0,
     loss: Callable[[object, object], object] | None = None,
@@ -65,7 +66,8 @@ def run_gossip(
     samples: Callable[[object], int] | None = None,
     on_round: Callable[[int, list[dict], float], None] | None = None,
 ) -> GossipResult:
-    """Simulate `workers` gossip workers training `steps` steps each (the arguments as sim.run's;
+    """Simulate `workers` gossip workers training `steps` steps each (the arguments as sim.run's, but no
+    jitter; step_seconds one for all or one per worker;
     `on_round(round, starts, seconds)` sees every worker's start of each round, in worker order, and when
     the last was made). Returns per worker its losses, compute, stalls by mix, partners left out, and bytes
     (blocking and non-blocking), and the consensus of each round's starts (when on_round is not given)."""
@@ -78,6 +80,7 @@ def run_gossip(
     for name, value in (("workers", workers), ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name}={value!r} must be a positive integer")
+    speeds = _per_worker("step_seconds", step_seconds, workers)
     network = network if network is not None else Network(exchange="pairwise")
     network.check_workers(workers)
     loss = loss if loss is not None else (lambda model, batch: model(*batch))
@@ -103,7 +106,7 @@ def run_gossip(
         else (lambda r, starts, _: consensus.append((r, l2_consensus(starts))))
     )
     crew = _Crew(nodes, [optimizer(m.parameters()) for m in models], models, clocks, reports, board, record)
-    crew.run(batches, loss, samples, steps, step_seconds)
+    crew.run(batches, loss, samples, steps, speeds)
     for i, report in enumerate(reports):
         report.stall_seconds = dict(nodes[i].counters.stall_seconds)
         report.self_mixed = Counter(nodes[i].counters.self_mixed)
@@ -123,7 +126,7 @@ class _Crew:
     record: Callable[[int, list[dict], float], None]
     starts: dict[int, dict[int, dict]] = field(default_factory=dict)  # round -> worker -> its start
 
-    def run(self, batches, loss, samples, steps: int, step_seconds: float) -> None:
+    def run(self, batches, loss, samples, steps: int, step_seconds: list[float]) -> None:
         workers = len(self.nodes)
         parked, done, trained = [False] * workers, [False] * workers, [0] * workers
         for i in range(workers):
@@ -139,7 +142,7 @@ class _Crew:
                 parked[i] = False
                 self._started(i)
             elif trained[i] < steps:
-                self._train(i, batches, loss, samples, trained[i], step_seconds)
+                self._train(i, batches, loss, samples, trained[i], step_seconds[i])
                 trained[i] += 1
                 if node.due():
                     node.open_round_end()

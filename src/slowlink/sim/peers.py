@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from ..algorithms.gossip import START
 from ..arrays import Arrays
 from ..clock import VirtualClock
-from ..engine.peers import LATE, LEFT, MISSING
+from ..engine.peers import LATE, LEFT
 from .network import Network
 
 
@@ -90,7 +90,7 @@ class SimPeers:
                 continue
             entry = self.board.published.get((round_, carries, other))
             if entry is None:
-                out[other] = LEFT if other in self.board.left else MISSING
+                out[other] = LEFT if other in self.board.left else LATE  # it publishes after the deadline
                 if other not in self.board.left:
                     until = max(until, deadline)
                 continue
