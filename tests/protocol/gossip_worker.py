@@ -19,8 +19,15 @@ METHODS = {
     "GlobalM1LocalM2": lambda nodes: sl.GossipDiLoCo(sync_every=4, variant="GlobalM1LocalM2", nodes=nodes),
     "LocalM1M2": lambda nodes: sl.GossipDiLoCo(sync_every=4, variant="LocalM1M2", nodes=nodes),
     "NoLoCo": lambda nodes: sl.NoLoCo(sync_every=4, nodes=nodes),
+    # Every mix waited for (Mix1 too): a run whose result does not depend on timing, for the simulator to match.
+    "exact": lambda nodes: sl.GossipDiLoCo(sync_every=4, variant="LocalM1M2", nodes=nodes, mix1_seconds=60.0),
 }
 STEPS = 16
+
+
+def mse(model, batch):
+    x, y = batch
+    return ((model(x) - y) ** 2).mean()
 
 
 def held_out_loss(model) -> float:
@@ -39,11 +46,18 @@ def main(directory: str, node: int, nodes: int, out: str) -> None:
                         poll_seconds=0.01) as session:  # fmt: skip
             while len(list((folder / "gossip" / "ranks").glob("*.json"))) < nodes:
                 time.sleep(0.01)  # the roster is whole before anyone trains, so round 0 mixes everyone
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             for batch in batches(node, STEPS):
-                sgd_step(model, batch, 0.1)
+                if name == "exact":  # as the simulator trains
+                    optimizer.zero_grad()
+                    mse(model, batch).backward()
+                    optimizer.step()
+                else:
+                    sgd_step(model, batch, 0.1)
                 session.step(samples=len(batch[0]))
             stats = session.stats
-        results[name] = {"before": before, "after": held_out_loss(model), "stats": asdict(stats)}
+        results[name] = {"before": before, "after": held_out_loss(model), "stats": asdict(stats),
+                         "params": {k: p.detach().numpy().tolist() for k, p in model.named_parameters()}}  # fmt: skip
     Path(out).write_text(json.dumps(results))
 
 
