@@ -79,7 +79,8 @@ def test_a_node_whose_partner_sends_a_corrupt_delta_mixes_mix2_with_itself_and_m
             model.weight -= 0.25
             model.bias -= 0.25
             session.step()
-        stats = session.stats
+        stats, metrics = session.stats, session.metrics()
+    assert metrics["rounds"] == 1 and metrics["self_mixed"] == 1 and metrics["partner_distance"] > 0
     for name, p in model.named_parameters():
         expected = (start[name] + partner[name]) / 2 - (start[name] - trained[name])
         np.testing.assert_allclose(p.detach().numpy(), expected, rtol=1e-6)

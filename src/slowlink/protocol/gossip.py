@@ -140,6 +140,18 @@ class GossipSession:
             bytes_received=self.peers.bytes_received,
         )  # fmt: skip
 
+    def metrics(self) -> dict[str, float | None]:
+        """Figures for a dashboard, all numbers (as Session.metrics)."""
+        if self._state == "new":
+            raise SessionStateError("session.metrics() is available once the Session is entered (`with`)")
+        stats = self.stats
+        return {
+            "step": stats.step, "rounds": stats.rounds, "mix1_stall_seconds": stats.mix1_stall_seconds,
+            "mix2_stall_seconds": stats.mix2_stall_seconds, "self_mixed": sum(stats.self_mixed.values()),
+            "partner_distance": stats.partner_distance, "bytes_sent": sum(stats.bytes_sent.values()),
+            "bytes_received": stats.bytes_received,
+        }  # fmt: skip
+
 
 def _refuse_unsupported(options: dict) -> None:
     """Options of sl.Session that a gossip run cannot honour yet are refused, never silently dropped: a run
