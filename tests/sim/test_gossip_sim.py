@@ -111,3 +111,12 @@ def test_a_slow_worker_holds_back_a_blocking_mix_but_not_a_non_blocking_one():
     # Round 0's starts are the same for all; in round 1 the fast ones mix without the slow one's start (not
     # published yet: late), and the slow one with everyone's, which waited in the store.
     assert [w.self_mixed for w in global_m1.workers] == [{"late": 1}] * 7 + [{}]
+
+
+def test_mix2_queues_on_the_link_behind_a_mix1_still_on_its_way():
+    # At 128 bit/s the all-gather of starts takes 7 s, longer than a round of 5 steps, and a pair's Δ 4 s: Mix2,
+    # due at the round's end, goes out once Mix1 is through. A round is 5 + 2 + 4 s (Mix1 waited for).
+    method = GossipDiLoCo(sync_every=5, variant="GlobalM1LocalM2", mix1_seconds=100.0)
+    result = simulate(method, steps=10, network=Network(bandwidth=128.0, exchange="pairwise"))
+    assert result.wall_seconds == pytest.approx(2 * (5 + 2 + 4))
+    assert all(worker.stall_seconds["delta"] == pytest.approx(2 * 6) for worker in result.workers)

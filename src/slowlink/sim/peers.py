@@ -1,6 +1,7 @@
 """The simulator's peer exchange for gossip methods: values published on a worker's virtual clock reach its
 group members after the network's modelled transfer (network.py): a pair swaps in T_pair(S), a larger group
-all-reduces in T_AR(S), from the moment both ends have published. The scheduler (gossip.py) only lets a
+all-reduces in T_AR(S); each worker's link sends one message at a time, in the order given, and an exchange
+is over when both ends have sent their part. The scheduler (gossip.py) only lets a
 worker collect once every partner has published or can no longer do so before the deadline.
 """
 
@@ -27,9 +28,11 @@ class SimBoard:
     sent: list[Counter] = field(init=False)
     received: list[Counter] = field(init=False)
     forgotten: list[int] = field(init=False)
+    link_free: list[float] = field(init=False)  # when each worker's link has sent all it was given
 
     def __post_init__(self) -> None:
         self.forgotten = [0] * self.nodes
+        self.link_free = [0.0] * self.nodes
         self.sent = [Counter() for _ in range(self.nodes)]
         self.received = [Counter() for _ in range(self.nodes)]
 
@@ -71,8 +74,13 @@ class SimPeers:
         self.failure: BaseException | None = None
 
     def publish(self, round_: int, carries: str, group: tuple[int, ...], arrays: Arrays) -> None:
-        self.board.published[(round_, carries, self.rank)] = (arrays, self.clock.now())
+        # One link per worker, first come first served: a message goes out once the link has sent the ones
+        # before it (a Mix2 queues behind a Mix1 still on its way), and it has gone when its transfer is done.
         size, n = _nbytes(arrays), len(group)
+        starts = max(self.clock.now(), self.board.link_free[self.rank])
+        done = starts + self.board.transfer_seconds(group, size)
+        self.board.link_free[self.rank] = done
+        self.board.published[(round_, carries, self.rank)] = (arrays, done)
         moved = size if n == 2 else round(2 * (n - 1) / n * size)
         kind = "non_blocking" if carries == START else "blocking"
         self.board.sent[self.rank][kind] += moved
@@ -82,7 +90,7 @@ class SimPeers:
         self, round_: int, carries: str, group: tuple[int, ...], deadline: float
     ) -> dict[int, Arrays | str]:
         own = self.board.published.get((round_, carries, self.rank))
-        mine_at = own[1] if own is not None else self.clock.now()
+        mine_done = own[1] if own is not None else self.clock.now()
         out: dict[int, Arrays | str] = {}
         until = self.clock.now()
         for other in group:
@@ -94,8 +102,8 @@ class SimPeers:
                 if other not in self.board.left:
                     until = max(until, deadline)
                 continue
-            arrays, at = entry
-            arrives = max(mine_at, at) + self.board.transfer_seconds(group, _nbytes(arrays))
+            arrays, theirs_done = entry
+            arrives = max(mine_done, theirs_done)  # a swap, or a ring, is over when both ends' parts are
             if arrives <= deadline:
                 out[other], until = arrays, max(until, arrives)
             else:
