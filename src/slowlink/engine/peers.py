@@ -37,9 +37,10 @@ class PeerExchange(Protocol):
 
 class Board:
     """The shared state of MemoryPeers: every published value by (round, carries, rank), and a condition
-    that wakes collectors when one lands. `check` may refuse a value (a reason) as a real channel would."""
+    that wakes collectors when one lands. `check(round, carries, rank, values)` may refuse a value (a
+    reason), as a real channel refuses a payload that fails its checks."""
 
-    def __init__(self, check: Callable[[Arrays], str | None] | None = None) -> None:
+    def __init__(self, check: Callable[[int, str, int, Arrays], str | None] | None = None) -> None:
         self.values: dict[tuple[int, str, int], Arrays] = {}
         self.changed = threading.Condition()
         self.check = check
@@ -71,7 +72,8 @@ class MemoryPeers:
             out: dict[int, Arrays | str] = {}
             for rank in wanted:
                 values = self.board.values.get((round_, carries, rank))
-                refusal = self.board.check(values) if values is not None and self.board.check else None
+                check = self.board.check
+                refusal = check(round_, carries, rank, values) if values is not None and check else None
                 out[rank] = refusal or (values if values is not None else MISSING)
         return out
 
