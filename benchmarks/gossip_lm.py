@@ -103,32 +103,36 @@ def report(results: list[dict], size: str, steps: int, h: int, bandwidth: float,
         f"{bandwidth / 1e3:.0f} kbit/s (DiLoCo's all-reduce = 1.78 rounds of compute, the paper's 100 Mbps share). "
         "Loss: held-out nats per byte, mean over the 8 workers' round starts. Bytes: per node per round "
         "(NoLoCo's rounds are H/2). Consensus: mean over rounds 1 on of the round starts' L2 (relative) and "
-        "generalized JS. Plot: `docs/gossip_lm.png`.\n\n" + table
+        "generalized JS. Plot: `docs/gossip_lm.png` (per step, per simulated time from the time-matched runs, JS). "
+        f"Step-matched runs: `python benchmarks/gossip_lm.py --steps {steps} --sync-every {h}` "
+        "(`docs/gossip_lm.json`); `--time-matched` reuses them.\n\n" + table
     )
 
 
-def observations(results: list[dict]) -> str:
-    """What the table shows, in sentences computed from it (so a rerun keeps them true)."""
+def observations(results: list[dict], timed: list[dict] | None = None) -> str:
+    """What the tables show, in sentences computed from them (so a rerun keeps them true)."""
     by = {r["name"]: r for r in results}
     if not {"DiLoCo", "GlobalM1", "GlobalM1LocalM2"} <= by.keys():
         return ""
     final = {n: r["rounds"][-1]["loss"] for n, r in by.items()}
     base = final["DiLoCo"]
     per_step = ", ".join(f"{n} {100 * (v - base) / base:+.1f}%" for n, v in final.items() if n != "DiLoCo")
-    budget = by["DiLoCo"]["wall"]
-    per_time = ", ".join(f"{n} {loss_at(r['rounds'], 'seconds', budget):.4f}" for n, r in by.items())
+    text = f"Per step, at the last round the variants' held-out loss differs from DiLoCo's by: {per_step}. "
+    if timed is not None:
+        ends = {r["name"]: r["rounds"][-1]["loss"] for r in timed}
+        ahead = [n for n, v in ends.items() if n != "DiLoCo" and v < ends["DiLoCo"]]
+        text += (f"Per simulated time (the time-matched table), ahead of DiLoCo at its {timed[0]['wall']:.0f} s: "
+                 f"{', '.join(ahead) or 'none'}. ")  # fmt: skip
     mean = lambda r, k: float(np.mean([x[k] for x in r["rounds"][1:]]))  # noqa: E731
     g, gl = by["GlobalM1"], by["GlobalM1LocalM2"]
-    return (
-        f"Per step, at the last round the variants' held-out loss differs from DiLoCo's by: {per_step}. "
-        f"Per simulated time, within the {budget:.0f} s DiLoCo takes for its {by['DiLoCo']['rounds'][-1]['step']} "
-        f"steps the held-out loss reaches: {per_time}. Consensus: DiLoCo's nodes are identical (0 in L2 and JS); "
+    return text + (
+        "Consensus: DiLoCo's nodes are identical (0 in L2 and JS); "
         f"GlobalM1's disagreement is {mean(g, 'js') / mean(gl, 'js'):.2f}× GlobalM1LocalM2's in JS and "
         f"{mean(g, 'l2') / mean(gl, 'l2'):.2f}× in L2."
     )
 
 
-def plot(results: list[dict], path: Path) -> None:
+def plot(results: list[dict], path: Path, timed: list[dict] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -138,8 +142,9 @@ def plot(results: list[dict], path: Path) -> None:
     for r in results:
         steps = [x["step"] for x in r["rounds"]]
         axes[0].plot(steps, [x["loss"] for x in r["rounds"]], label=r["name"])
-        axes[1].plot([x["seconds"] for x in r["rounds"]], [x["loss"] for x in r["rounds"]], label=r["name"])
         axes[2].plot(steps[1:], [x["js"] for x in r["rounds"][1:]], label=r["name"])
+    for r in timed or results:
+        axes[1].plot([x["seconds"] for x in r["rounds"]], [x["loss"] for x in r["rounds"]], label=r["name"])
     axes[0].set(xlabel="step", ylabel="held-out loss (nats)", title="per step")
     axes[1].set(xlabel="simulated seconds", ylabel="held-out loss (nats)", title="per simulated time")
     axes[2].set(xlabel="step", ylabel="JS consensus (nats)", title="disagreement", yscale="log")
@@ -148,13 +153,46 @@ def plot(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def time_matched(results: list[dict], h: int, size: str, bandwidth: float, corpus) -> list[dict]:
+    """Every method run for as many whole rounds as fit in the simulated time DiLoCo took for the step-matched
+    run (each method's round time, measured there, is the same every round: equal workers, a fixed network)."""
+    by = {r["name"]: r for r in results}
+    budget, out = by["DiLoCo"]["wall"], [by["DiLoCo"]]
+    for name, method in methods(h).items():
+        if name == "DiLoCo":
+            continue
+        done = by[name]
+        round_seconds = done["wall"] / (done["rounds"][-1]["round"])
+        steps = int(budget // round_seconds) * method.sync_every
+        out.append(run_one(name, method, size, steps, bandwidth, corpus))
+        print(name, steps, json.dumps({k: v for k, v in out[-1].items() if k != "rounds"}), flush=True)
+    return out
+
+
+def time_table(timed: list[dict]) -> str:
+    budget = timed[0]["wall"]
+    rows = [
+        [r["name"], r["rounds"][-1]["step"], f"{r['wall']:.0f}", f"{r['rounds'][-1]['loss']:.4f}"]
+        for r in timed
+    ]
+    return (
+        f"Time-matched (`--time-matched`): each method trains the whole rounds that fit in the {budget:.0f} simulated "
+        "seconds DiLoCo took above (`docs/gossip_lm_time.json`).\n\n"
+        + markdown_table(["method", "steps", "simulated s", "held-out loss at the end"], rows)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
     parser.add_argument("--steps", type=int, default=240)
     parser.add_argument("--sync-every", type=int, default=20)
     parser.add_argument("--only", nargs="*", default=None)
-    parser.add_argument("--from-json", action="store_true", help="write the section from docs/gossip_lm.json")
+    parser.add_argument(
+        "--from-json", action="store_true", help="write the section from docs/gossip_lm*.json"
+    )
+    parser.add_argument("--time-matched", action="store_true",
+                        help="after a step-matched run: run every method for DiLoCo's simulated time")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
     corpus = load_corpus()
@@ -162,16 +200,24 @@ def main() -> None:
     # T_AR(S) = 2·(M−1)/M · 8S/W = 1.78·H·T_c  ⇒  W = 2·(M−1)/M · 8S / (1.78·H)
     bandwidth = 2 * (WORKERS - 1) / WORKERS * 8 * params * 4 / (1.78 * args.sync_every)
     out = Path(__file__).resolve().parent.parent / "docs"
-    results = json.loads((out / "gossip_lm.json").read_text()) if args.from_json else []
+    reuse = args.from_json or args.time_matched
+    results = json.loads((out / "gossip_lm.json").read_text()) if reuse else []
     for name, method in methods(args.sync_every).items():
-        if args.from_json or (args.only and name not in args.only):
+        if reuse or (args.only and name not in args.only):
             continue
         results.append(run_one(name, method, args.size, args.steps, bandwidth, corpus))
         print(name, json.dumps({k: v for k, v in results[-1].items() if k != "rounds"}), flush=True)
     (out / "gossip_lm.json").write_text(json.dumps(results, indent=1))
-    plot(results, out / "gossip_lm.png")
+    if args.time_matched:
+        timed = time_matched(results, args.sync_every, args.size, bandwidth, corpus)
+        (out / "gossip_lm_time.json").write_text(json.dumps(timed, indent=1))
+    timed_path = out / "gossip_lm_time.json"
+    timed = json.loads(timed_path.read_text()) if timed_path.exists() else None
+    plot(results, out / "gossip_lm.png", timed)
     body = report(results, args.size, args.steps, args.sync_every, bandwidth, params)
-    body += "\n\n" + observations(results) + "\n\n" + definitions_markdown()
+    if timed is not None:
+        body += "\n\n" + time_table(timed)
+    body += "\n\n" + observations(results, timed) + "\n\n" + definitions_markdown()
     print(body)
     write_section("gossip", "Gossip DiLoCo and NoLoCo on the demo GPT, simulated (8 workers)", body)
 
