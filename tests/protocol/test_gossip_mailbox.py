@@ -2,6 +2,8 @@
 and its partners GET them by name; a payload that is missing, late, corrupt or of another schema is handed
 back as a reason, and the node mixes with itself, says so, and trains on."""
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -106,3 +108,16 @@ def test_the_simulators_two_entry_points_name_each_other():
         sim.run(sl.GossipDiLoCo(sync_every=2), torch.nn.Linear(2, 1), lambda w, s: None, workers=2, steps=2)
     with pytest.raises(sl.ConfigError, match="sim.run"):
         sim.run_gossip(sl.DiLoCo(sync_every=2), torch.nn.Linear(2, 1), lambda w, s: None, workers=2, steps=2)
+
+
+def test_waiting_for_a_partner_that_is_still_training_costs_few_requests():
+    # A partner's key that does not come: the communication thread backs off (1.25× a quiet turn, up to 1 s),
+    # where polling every 5 ms would GET it some 300 times in 1.5 s.
+    mailbox = Metered(sl.MemoryMailbox())
+    mine = peers(mailbox, 0)
+    try:
+        mine.publish(0, "start", (0, 1), {"w": np.zeros(3, np.float32)})
+        threading.Event().wait(1.5)
+    finally:
+        mine.stop()
+    assert 1 <= mailbox.kinds["GET gossip/"] <= 40

@@ -49,7 +49,7 @@ class GossipSession:
 
     def __init__(
         self, model: object, *, algorithm: GossipMethod, mailbox: object, node_id: str | None = None,
-        on_event: Callable[[Event], None] | None = None, poll_seconds: float = 0.05, params: object = None,
+        on_event: Callable[[Event], None] | None = None, poll_seconds: float = 0.25, params: object = None,
         **unused: object,
     ) -> None:  # fmt: skip
         if algorithm.nodes is None:

@@ -24,7 +24,7 @@ from ..wire import payload
 from . import records
 from .run import Run
 
-MAX_RANKS = 4096
+MAX_POLL_SECONDS = 1.0  # the longest pause between two turns of GETs while nothing comes
 
 
 def rank_key(rank: int) -> str:
@@ -78,6 +78,7 @@ class MailboxPeers:
         self._delete: list[str] = []
         self._changed = threading.Condition()
         self._stopping = False
+        self._waiting = 0  # training threads inside collect(): the communication thread polls fast meanwhile
         self._thread = threading.Thread(target=self._serve, name=f"slowlink-gossip-{node_id}", daemon=True)
 
     def start(self) -> None:
@@ -104,11 +105,16 @@ class MailboxPeers:
     ) -> dict[int, Arrays | str]:
         wanted = [(round_, carries, other) for other in group if other != self.rank]
         with self._changed:
-            while not all(key in self._got for key in wanted) and self.failure is None:
-                left = deadline - self.clock.now()
-                if left <= 0:
-                    break
-                self._changed.wait(min(left, 0.05))
+            self._waiting += 1
+            self._changed.notify_all()
+            try:
+                while not all(key in self._got for key in wanted) and self.failure is None:
+                    left = deadline - self.clock.now()
+                    if left <= 0:
+                        break
+                    self._changed.wait(min(left, 0.05))
+            finally:
+                self._waiting -= 1
             return {key[2]: self._got.get(key, LATE) for key in wanted}
 
     def forget(self, before: int) -> None:
@@ -126,6 +132,7 @@ class MailboxPeers:
     # ---- the communication thread ---------------------------------------------------------------------
 
     def _serve(self) -> None:
+        pause = self.poll_seconds
         try:
             while True:
                 with self._changed:
@@ -144,8 +151,12 @@ class MailboxPeers:
                 with self._changed:
                     self._got.update({key: a for key, a in fetched.items() if key in self._wanted})
                     self._changed.notify_all()
+                    # Quiet turns back off (1.25× each, up to MAX_POLL_SECONDS), so partners that are still
+                    # training cost few GETs; news, or a training thread waiting on a blocking mix, polls fast.
+                    quiet = not outbox and not fetched and not self._waiting
+                    pause = min(pause * 1.25, MAX_POLL_SECONDS) if quiet else self.poll_seconds
                     if not self._outbox and not self._stopping:
-                        self._changed.wait(self.poll_seconds)
+                        self._changed.wait(pause)
         except BaseException as error:  # a bug, or a store that fails for good: raised on the training thread
             self.failure = error
             with self._changed:
