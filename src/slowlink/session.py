@@ -88,6 +88,7 @@ class Session:
     that has commits already (a script re-run on an old run's folder would otherwise continue it).
     A mailbox may also be named: a folder path, or "s3://bucket/prefix" (mailbox/named.py).
     `start()` and `close()` do what `with` does, for loops that cannot sit in a `with` block.
+    A gossip method (sl.GossipDiLoCo, sl.NoLoCo) makes a gossip node instead (protocol/gossip.py, docs/gossip.md).
     """
 
     def __new__(cls, model: object = None, *, algorithm: object = None, **options: object) -> "Session":
