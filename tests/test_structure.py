@@ -61,10 +61,10 @@ def test_every_module_imports_only_its_own_layer_and_the_layers_below():
 
 def test_the_public_surface_is_exactly_this():
     assert sorted(sl.__all__) == [
-        "BalancedBytes", "ConfigError", "ContributionRefused", "DeMo", "DiLoCo", "DirMailbox", "Event", "MailboxError", "MemoryMailbox",
-        "NormClippedMean", "PayloadError", "RDA", "RunConfigMismatch", "S3Mailbox", "SchemaMismatch", "Session",
+        "BalancedBytes", "ConfigError", "ContributionRefused", "DeMo", "DiLoCo", "DirMailbox", "Event", "GossipDiLoCo", "MailboxError", "MemoryMailbox",
+        "NoLoCo", "NormClippedMean", "PayloadError", "RDA", "RunConfigMismatch", "S3Mailbox", "SchemaMismatch", "Session",
         "SessionStateError", "SessionStats", "SlowlinkError", "Strided", "TopK", "TrainingDiverged", "TrimmedMean",
-        "WeightedMean", "align", "checkpoint",
+        "WeightedMean", "align", "checkpoint", "metrics",
     ]  # fmt: skip
     for name in sl.__all__:
         assert getattr(sl, name) is not None

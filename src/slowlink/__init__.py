@@ -1,8 +1,10 @@
 """slowlink: train one model on machines joined by slow links."""
 
-from . import checkpoint
+from . import checkpoint, metrics
 from .algorithms.diloco import DiLoCo
+from .algorithms.gossip import GossipDiLoCo
 from .algorithms.merge import WeightedMean
+from .algorithms.noloco import NoLoCo
 from .algorithms.partition import BalancedBytes, Strided
 from .algorithms.rda import RDA
 from .algorithms.robust import NormClippedMean, TrimmedMean
@@ -46,8 +48,10 @@ __all__ = [
     "DiLoCo",
     "DirMailbox",
     "Event",
+    "GossipDiLoCo",
     "MailboxError",
     "MemoryMailbox",
+    "NoLoCo",
     "NormClippedMean",
     "RDA",
     "PayloadError",
@@ -65,4 +69,5 @@ __all__ = [
     "WeightedMean",
     "align",
     "checkpoint",
+    "metrics",
 ]

@@ -8,7 +8,6 @@ to host memory. The only waits are the ones `overlap_steps` asks for.
 """
 
 import math
-import operator
 import os
 import re
 import socket
@@ -17,9 +16,11 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .algorithms.gossip import GossipMethod
 from .algorithms.method import Method
 from .clock import REAL
 from .engine.node import Node
+from .engine.samples import count_of
 from .engine.stall import StallWatch
 from .errors import ConfigError, MailboxUnavailable, SessionStateError
 from .events import Event, JsonLines, log_event
@@ -30,6 +31,7 @@ from .mailbox.named import open_mailbox
 from .protocol import keys
 from .protocol.chain import load_newest
 from .protocol.courier import Courier, NodeStatus
+from .protocol.gossip import GossipSession
 from .protocol.joined import joined_event, refuse_resuming
 from .protocol.leases import refuse_if_live
 from .protocol.run import open_run
@@ -86,7 +88,13 @@ class Session:
     that has commits already (a script re-run on an old run's folder would otherwise continue it).
     A mailbox may also be named: a folder path, or "s3://bucket/prefix" (mailbox/named.py).
     `start()` and `close()` do what `with` does, for loops that cannot sit in a `with` block.
+    A gossip method (sl.GossipDiLoCo, sl.NoLoCo) makes a gossip node instead (protocol/gossip.py, docs/gossip.md).
     """
+
+    def __new__(cls, model: object = None, *, algorithm: object = None, **options: object) -> "Session":
+        if isinstance(algorithm, GossipMethod):  # no rounds to merge: a gossip node (protocol/gossip.py)
+            return GossipSession(model, algorithm=algorithm, **options)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -236,7 +244,7 @@ class Session:
                 "`with sl.Session(...) as session:`"
             )
         if type(samples) is not int or samples < 0:  # the common case costs one check
-            samples = _count_of(samples)
+            samples = count_of(samples)
         if self.courier.failure is not None:
             raise self.courier.failure
         self.node.step(samples)
@@ -376,22 +384,6 @@ def _check_options(algorithm: object, node_id: str | None, compression: str | No
     for name in ("delta_dtype", "commit_dtype"):
         if (value := getattr(wire, name) or "F32") not in ENCODINGS and not value.startswith("TOPK("):
             raise ConfigError(f"{name}={getattr(wire, name)!r} is not available in this build")
-
-
-def _count_of(samples: object) -> int:
-    """`samples` as a non-negative int: an int, or anything operator.index takes (np.int64, a one-element
-    integer tensor); a bool (or bool tensor) is refused, it is a flag, not a count."""
-    is_flag = isinstance(samples, bool) or str(getattr(samples, "dtype", "")) in ("bool", "torch.bool")
-    try:
-        count = None if is_flag else operator.index(samples)
-    except TypeError:
-        count = None
-    if count is None or count < 0:
-        raise ConfigError(
-            f"session.step(samples={samples!r}): samples must be a non-negative integer (an int, a numpy "
-            "integer or a one-element integer tensor): the sequences or tokens that step trained on"
-        )
-    return count
 
 
 def _default_node_id() -> str:

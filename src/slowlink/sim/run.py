@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..algorithms.gossip import GossipMethod
 from ..algorithms.method import Method
 from ..clock import VirtualClock
 from ..engine.node import Node
@@ -256,6 +257,8 @@ def _default_loss(model, batch):
 def _check_run(
     method: object, workers: object, steps: object, jitter: object, network: Network | None
 ) -> None:
+    if isinstance(method, GossipMethod):
+        raise ConfigError(f"{type(method).__name__} is a gossip method: simulate it with sim.run_gossip(...)")
     if not isinstance(method, Method):
         raise ConfigError(f"{method!r} is not a slowlink method: pass e.g. sl.DiLoCo(sync_every=100)")
     for name, value in (("workers", workers), ("steps", steps)):
