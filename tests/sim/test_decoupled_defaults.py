@@ -34,7 +34,7 @@ def test_with_rounds_shorter_than_a_sync_the_default_trains_as_well_as_the_barri
 
 
 def test_with_rounds_as_long_as_a_sync_the_default_beats_one_node_alone_where_the_old_one_did_not(single):
-    # The old default (adaptive_outer=False) ends at 0.255 here: outer Nesterov pushes on stale rounds.
+    # The first default (adaptive_outer=False) ended at 0.255 here: outer Nesterov pushes on stale rounds.
     default, barrier = default_and_barrier([1.0, 1.0], 1.0)
     assert default["loss"] < single
     assert default["loss"] <= 1.15 * barrier["loss"]  # 1.13 today: the gap the barrier's waits buy
@@ -42,7 +42,7 @@ def test_with_rounds_as_long_as_a_sync_the_default_beats_one_node_alone_where_th
 
 
 def test_a_fast_and_a_slow_node_with_quorum_one_commit_a_model_as_good_as_the_fast_node_alone(single):
-    # Speeds 1:2, rounds four syncs long: the old default commits 0.152, worse than the fast node alone.
+    # Speeds 1:2, rounds four syncs long: the first default committed 0.152, worse than the fast node alone.
     result = study.sim.run(sl.DiLoCo(sync_every=study.H, fragments=study.FRAGMENTS), study.make_model,
                            study.batches, loss=study.mse, workers=2, steps=study.STEPS,
                            step_seconds=[study.STEP_SECONDS, 2 * study.STEP_SECONDS], jitter=0.1,
@@ -55,7 +55,7 @@ def test_a_fast_and_a_slow_node_with_quorum_one_commit_a_model_as_good_as_the_fa
 
 def test_two_nodes_drifting_out_of_phase_are_still_merged_into_the_same_rounds():
     """Speeds 1 : 1.06 move the slower node's syncs 3 steps a sync against the other's: after a few syncs they
-    are a quarter of a period apart. A grace window of a quarter period (the old default) then lets each node
+    are a quarter of a period apart. A grace window of a quarter period (the default before) then lets each node
     commit alternate rounds alone; half a period keeps both in every round."""
     result = study.sim.run(sl.DiLoCo(sync_every=study.H, fragments=study.FRAGMENTS), study.make_model,
                            study.batches, loss=study.mse, workers=2, steps=study.STEPS,
