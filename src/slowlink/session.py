@@ -8,10 +8,7 @@ to host memory. The only waits are the ones `overlap_steps` asks for.
 """
 
 import math
-import operator
 import os
-import re
-import socket
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -27,14 +24,13 @@ from .frameworks.base import adapter_for, compare_frozen, frozen_of, on_device_o
 from .mailbox.contract import Mailbox
 from .mailbox.metered import Metered
 from .mailbox.named import open_mailbox
-from .protocol import keys
 from .protocol.chain import load_newest
 from .protocol.courier import Courier, NodeStatus
 from .protocol.joined import joined_event, refuse_resuming
 from .protocol.leases import refuse_if_live
 from .protocol.run import open_run
+from .protocol.session_checks import check_options, count_of, default_node_id
 from .protocol.trust import RunKey, trusted_view
-from .wire.encodings import ENCODINGS
 
 
 @dataclass(frozen=True)
@@ -106,14 +102,14 @@ class Session:
         on_stall: str = "warn",
         resume: bool = True,
     ) -> None:
-        _check_options(algorithm, node_id, compression, poll_seconds, lease_seconds, close_timeout)
+        check_options(algorithm, node_id, compression, poll_seconds, lease_seconds, close_timeout)
         if on_stall not in ("warn", "raise") or not isinstance(resume, bool):
             raise ConfigError(
                 f"on_stall={on_stall!r} must be 'warn' or 'raise', resume={resume!r} True or False"
             )
         self.on_stall, self.resume = on_stall, resume
         mailbox = open_mailbox(mailbox)
-        self.node_id = node_id if node_id is not None else _default_node_id()
+        self.node_id = node_id if node_id is not None else default_node_id()
         self.model, self.algorithm, self.compression, self.params = model, algorithm, compression, params
         self.run_key = RunKey.resolve(run_key)
         self.raw_mailbox = mailbox
@@ -236,7 +232,7 @@ class Session:
                 "`with sl.Session(...) as session:`"
             )
         if type(samples) is not int or samples < 0:  # the common case costs one check
-            samples = _count_of(samples)
+            samples = count_of(samples)
         if self.courier.failure is not None:
             raise self.courier.failure
         self.node.step(samples)
@@ -358,42 +354,3 @@ class Session:
                 self.courier.request_leases()
             self.clock.sleep(min(0.01, settle / 10))
         return math.ceil(self.rounds.global_batch_size / len(self.courier.live_nodes()))
-
-
-def _check_options(algorithm: object, node_id: str | None, compression: str | None, *seconds: float) -> None:
-    if not isinstance(algorithm, Method):
-        raise ConfigError(
-            f"algorithm={algorithm!r} must be a slowlink method such as sl.DiLoCo(sync_every=100)"
-        )
-    if node_id is not None and not keys.NODE_ID.match(node_id):
-        raise ConfigError(f"node_id={node_id!r} must be 1-64 of [a-z0-9_-], starting with a letter or digit")
-    if compression not in (None, "zstd"):
-        raise ConfigError(f"compression={compression!r} must be None or 'zstd'")
-    for name, value in zip(("poll_seconds", "lease_seconds", "close_timeout"), seconds, strict=True):
-        if not isinstance(value, int | float) or value <= 0:
-            raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
-    wire = algorithm.wire()
-    for name in ("delta_dtype", "commit_dtype"):
-        if (getattr(wire, name) or "F32") not in ENCODINGS:
-            raise ConfigError(f"{name}={getattr(wire, name)!r} is not available in this build")
-
-
-def _count_of(samples: object) -> int:
-    """`samples` as a non-negative int: an int, or anything operator.index takes (np.int64, a one-element
-    integer tensor); a bool (or bool tensor) is refused, it is a flag, not a count."""
-    is_flag = isinstance(samples, bool) or str(getattr(samples, "dtype", "")) in ("bool", "torch.bool")
-    try:
-        count = None if is_flag else operator.index(samples)
-    except TypeError:
-        count = None
-    if count is None or count < 0:
-        raise ConfigError(
-            f"session.step(samples={samples!r}): samples must be a non-negative integer (an int, a numpy "
-            "integer or a one-element integer tensor): the sequences or tokens that step trained on"
-        )
-    return count
-
-
-def _default_node_id() -> str:
-    host = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-")[:40] or "node"
-    return f"{host}-{os.getpid()}"
