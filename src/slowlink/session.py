@@ -80,6 +80,8 @@ class Session:
     on_stall: "warn" (emit `stalled` and train on) or "raise" (session.step() raises MailboxUnavailable)
     when no commit has arrived for a while and the store keeps failing. resume: False refuses to join a run
     that has commits already (a script re-run on an old run's folder would otherwise continue it).
+    island: a torch.distributed process group (e.g. torch.distributed.group.WORLD under torchrun) whose ranks
+    are this one node: every rank runs the same lines, rank 0 alone talks to the mailbox (docs/islands.md).
     A mailbox may also be named: a folder path, or "s3://bucket/prefix" (mailbox/named.py).
     `start()` and `close()` do what `with` does, for loops that cannot sit in a `with` block.
     """
@@ -101,6 +103,7 @@ class Session:
         params: object = None,
         on_stall: str = "warn",
         resume: bool = True,
+        island: object = None,
     ) -> None:
         check_options(algorithm, node_id, compression, poll_seconds, lease_seconds, close_timeout)
         if on_stall not in ("warn", "raise") or not isinstance(resume, bool):
@@ -108,6 +111,7 @@ class Session:
                 f"on_stall={on_stall!r} must be 'warn' or 'raise', resume={resume!r} True or False"
             )
         self.on_stall, self.resume = on_stall, resume
+        self.island = None if island is None else _island_of(island)
         mailbox = open_mailbox(mailbox)
         self.node_id = node_id if node_id is not None else default_node_id()
         self.model, self.algorithm, self.compression, self.params = model, algorithm, compression, params
@@ -134,6 +138,47 @@ class Session:
         # Entries a store lists that slowlink could not have written are skipped; this node reports them.
         self.raw_mailbox.on_ignored = self._key_ignored
         self.adapter = adapter_for(self.model, self.params)
+        if self.island is None:
+            created, versions = self._join_mailbox()
+            channel, anchors, clock = self.courier, self.courier.anchors(), self.clock
+        else:  # one node of many ranks: rank 0 joins the mailbox, the others hear it (collective/island.py)
+            from .collective.island import IslandClock, enter_island
+
+            start = enter_island(
+                self.island, self.adapter, self.algorithm, self._join_mailbox, lambda: self.courier
+            )
+            created, versions, self.plan, channel, anchors = (
+                start.created,
+                start.versions,
+                start.plan,
+                start.channel,
+                start.anchors,
+            )
+            self.courier, self.rounds, clock = (
+                start.courier,
+                self.algorithm.rounds(len(self.plan)),
+                IslandClock(self.island),
+            )
+        self.node = Node(
+            node_id=self.node_id, rounds=self.rounds, adapter=self.adapter, plan=self.plan, channel=channel,
+            clock=clock, latest=anchors, emit=self._emit,
+        )  # fmt: skip
+        self._entered_at = self.clock.now()
+        self._stall = StallWatch(
+            self.node_id, sync_every=self.rounds.sync_every, poll_seconds=self.poll_seconds,
+            step_seconds=lambda: self.node.step_seconds, head=lambda: sum(self.courier.newest()),
+            since=self._entered_at,
+        )  # fmt: skip
+        self.courier.start()
+        self._leases_read_at_join = getattr(self.courier, "leases", None) and self.courier.leases.reads
+        self._state = "open"
+        if created is not None:  # (an island's other ranks have joined no mailbox)
+            self._announce(created, versions)
+        self._say_if_plan_reduced()
+        return self
+
+    def _join_mailbox(self) -> tuple[bool, list[int]]:
+        """Open the run (or create it), take its newest commits, and make the Courier; (created, versions)."""
         plan = self.algorithm.plan(self.adapter.schema)
         self.run, created = open_run(
             self.mailbox, config=self.algorithm.to_dict(), schema=self.adapter.schema,
@@ -158,22 +203,7 @@ class Session:
             status=self._status, poll_seconds=self.poll_seconds, lease_seconds=self.lease_seconds,
             compression=self.compression, clock=self.clock, on_device=on_device_of(self.adapter),
         )  # fmt: skip
-        self.node = Node(
-            node_id=self.node_id, rounds=self.rounds, adapter=self.adapter, plan=self.plan, channel=self.courier,
-            clock=self.clock, latest=self.courier.anchors(), emit=self._emit,
-        )  # fmt: skip
-        self._entered_at = self.clock.now()
-        self._stall = StallWatch(
-            self.node_id, sync_every=self.rounds.sync_every, poll_seconds=self.poll_seconds,
-            step_seconds=lambda: self.node.step_seconds, head=lambda: sum(self.courier.newest()),
-            since=self._entered_at,
-        )  # fmt: skip
-        self.courier.start()
-        self._leases_read_at_join = self.courier.leases.reads
-        self._state = "open"
-        self._announce(created, [version for version, _ in latest.values()])
-        self._say_if_plan_reduced()
-        return self
+        return created, [version for version, _ in latest.values()]
 
     def _announce(self, created: bool, versions: list[int]) -> None:
         if created:
@@ -233,8 +263,8 @@ class Session:
             )
         if type(samples) is not int or samples < 0:  # the common case costs one check
             samples = count_of(samples)
-        if self.courier.failure is not None:
-            raise self.courier.failure
+        if self.node.channel.failure is not None:  # (an island's rank 0 tells its other ranks first)
+            raise self.node.channel.failure
         self.node.step(samples)
 
     def reset(self) -> None:
@@ -354,3 +384,9 @@ class Session:
                 self.courier.request_leases()
             self.clock.sleep(min(0.01, settle / 10))
         return math.ceil(self.rounds.global_batch_size / len(self.courier.live_nodes()))
+
+
+def _island_of(group: object) -> object:
+    from .collective.island import Island  # torch: imported only for an island
+
+    return group if isinstance(group, Island) else Island(group)
