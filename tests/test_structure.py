@@ -63,7 +63,7 @@ def test_the_public_surface_is_exactly_this():
         "BalancedBytes", "ConfigError", "ContributionRefused", "DeMo", "DiLoCo", "DirMailbox", "Event", "MailboxError", "MemoryMailbox",
         "NormClippedMean", "PayloadError", "RunConfigMismatch", "S3Mailbox", "SchemaMismatch", "Session",
         "SessionStateError", "SessionStats", "SlowlinkError", "Strided", "TrainingDiverged", "TrimmedMean",
-        "WeightedMean", "align", "checkpoint",
+        "WeightedMean", "align", "checkpoint", "collective",
     ]  # fmt: skip
     for name in sl.__all__:
         assert getattr(sl, name) is not None

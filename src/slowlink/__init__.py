@@ -28,6 +28,11 @@ def __getattr__(name: str):
         from .optim import DeMo
 
         return DeMo
+    # sl.collective (runs over torch.distributed process groups) needs torch: imported on first use too.
+    if name == "collective":
+        from . import collective
+
+        return collective
     # S3Mailbox needs boto3 (the s3 extra): imported on first use, so `import slowlink` works without it.
     if name == "S3Mailbox":
         from .mailbox import S3Mailbox
@@ -61,4 +66,5 @@ __all__ = [
     "WeightedMean",
     "align",
     "checkpoint",
+    "collective",
 ]

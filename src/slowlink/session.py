@@ -22,6 +22,7 @@ from .errors import ConfigError, MailboxUnavailable, SessionStateError
 from .events import Event, JsonLines, log_event
 from .frameworks.base import adapter_for, compare_frozen, frozen_of, on_device_of, schema_digest
 from .mailbox.contract import Mailbox
+from .mailbox.memory import MemoryMailbox
 from .mailbox.metered import Metered
 from .mailbox.named import open_mailbox
 from .protocol.chain import load_newest
@@ -112,7 +113,12 @@ class Session:
             )
         self.on_stall, self.resume = on_stall, resume
         self.island = None if island is None else _island_of(island)
-        mailbox = open_mailbox(mailbox)
+        self.fabric = (
+            mailbox if callable(getattr(mailbox, "enter", None)) else None
+        )  # sl.collective.AllReduce
+        mailbox = (
+            open_mailbox(mailbox) if self.fabric is None else MemoryMailbox()
+        )  # (then nothing is stored)
         self.node_id = node_id if node_id is not None else default_node_id()
         self.model, self.algorithm, self.compression, self.params = model, algorithm, compression, params
         self.run_key = RunKey.resolve(run_key)
@@ -138,27 +144,20 @@ class Session:
         # Entries a store lists that slowlink could not have written are skipped; this node reports them.
         self.raw_mailbox.on_ignored = self._key_ignored
         self.adapter = adapter_for(self.model, self.params)
-        if self.island is None:
+        clock = self.clock
+        if self.island is None and self.fabric is None:
             created, versions = self._join_mailbox()
-            channel, anchors, clock = self.courier, self.courier.anchors(), self.clock
-        else:  # one node of many ranks: rank 0 joins the mailbox, the others hear it (collective/island.py)
+            channel, anchors = self.courier, self.courier.anchors()
+        else:  # one node of many ranks (collective/island.py), or a run over a process group (allreduce.py)
             from .collective.island import IslandClock, enter_island
 
-            start = enter_island(
-                self.island, self.adapter, self.algorithm, self._join_mailbox, lambda: self.courier
-            )
-            created, versions, self.plan, channel, anchors = (
-                start.created,
-                start.versions,
-                start.plan,
-                start.channel,
-                start.anchors,
-            )
-            self.courier, self.rounds, clock = (
-                start.courier,
-                self.algorithm.rounds(len(self.plan)),
-                IslandClock(self.island),
-            )
+            start = (
+                self.fabric.enter(self.adapter, self.algorithm) if self.fabric is not None else
+                enter_island(self.island, self.adapter, self.algorithm, self._join_mailbox, lambda: self.courier)
+            )  # fmt: skip
+            created, versions, self.plan, channel, anchors = start.created, start.versions, start.plan, start.channel, start.anchors  # fmt: skip
+            self.courier, self.rounds = start.courier, self.algorithm.rounds(len(self.plan))
+            clock = IslandClock(self.island) if self.island is not None else self.clock
         self.node = Node(
             node_id=self.node_id, rounds=self.rounds, adapter=self.adapter, plan=self.plan, channel=channel,
             clock=clock, latest=anchors, emit=self._emit,
