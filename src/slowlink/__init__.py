@@ -30,9 +30,9 @@ def __getattr__(name: str):
         return DeMo
     # sl.collective (runs over torch.distributed process groups) needs torch: imported on first use too.
     if name == "collective":
-        from . import collective
+        import importlib
 
-        return collective
+        return importlib.import_module(".collective", __name__)
     # S3Mailbox needs boto3 (the s3 extra): imported on first use, so `import slowlink` works without it.
     if name == "S3Mailbox":
         from .mailbox import S3Mailbox
