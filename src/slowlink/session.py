@@ -239,6 +239,8 @@ class Session:
             if exc[0] is None:
                 if self.courier.failure is not None and self.courier.failure is self._stall_error:
                     self.courier.failure = None  # raised once already; leaving still tries its best
+                if self.island is not None:
+                    self.island.closing = True  # every rank now asks rank 0 at each step, and reads its clock
                 self.node.finish(self.close_timeout)
         finally:
             self.courier.stop()

@@ -59,4 +59,5 @@ Path(out).write_text(
     )
 )
 if role == "island":
+    dist.barrier()  # neither rank closes its sockets while the other still talks
     dist.destroy_process_group()

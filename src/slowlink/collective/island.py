@@ -21,6 +21,8 @@ from ..errors import ConfigError, SlowlinkError
 from ..frameworks.base import schema_digest
 
 ARRIVALS, GATHER = 1.0, 2.0  # which call of the driver a message answers
+CHECK_SECONDS = 0.05  # how often, in steps' time, rank 0 answers the driver's ask for news
+MAX_GAP = 10_000
 NOTHING, COMMIT, REFUSAL = 0, 1, 2
 FATES = (None, "merged", "rejected", "missed")
 
@@ -47,12 +49,27 @@ class Island:
         self.control = (
             self.group if gloo else dist.new_group(dist.get_process_group_ranks(self.group), backend="gloo")
         )
-        self.stamp = 0.0  # rank 0's clock at its last message: the time every rank's driver reads
+        self.stamp = 0.0  # rank 0's clock at its last message: the time every rank's driver reads on leaving
+        # The driver asks for news once a step; rank 0 answers every `gap`-th ask (its choice, told with each
+        # answer), about every CHECK_SECONDS, and at every ask once the Session is leaving (`closing`).
+        self.asks, self.next_answer, self.closing = 0, 0, False
+        self.answered_at, self.answered_ask = 0.0, 0
         self.messages = 0  # broadcasts of news, for the benchmark of their cost
 
     @property
     def is_lead(self) -> bool:
         return self.rank == 0
+
+    def unanswered(self) -> bool:
+        """Count an ask for news; True if rank 0 sends no answer to this one (every rank counts alike)."""
+        self.asks += 1
+        return not self.closing and self.asks < self.next_answer
+
+    def gap(self, now: float) -> int:
+        """Rank 0's choice of asks until the next answer: about CHECK_SECONDS of this island's steps."""
+        per_ask = (now - self.answered_at) / max(1, self.asks - self.answered_ask)
+        self.answered_at, self.answered_ask = now, self.asks
+        return max(1, min(MAX_GAP, int(CHECK_SECONDS / per_ask) if per_ask > 0 else 1))
 
     def say(self, values: list[float] | None, length: int) -> list[float]:
         """Rank 0's numbers (float64), broadcast to every rank; the others pass None."""
@@ -125,14 +142,15 @@ def _as_tensor(values) -> torch.Tensor:
 
 
 class IslandClock:
-    """The time an island's drivers read: rank 0's, as of its last message, so every rank's deadlines
-    (leaving's wait for rounds in flight) come out alike. Waits are real."""
+    """The time an island's drivers read: their own while training (it only times steps), and rank 0's, as
+    of its last message, once leaving, so that every rank's deadline for rounds in flight, the one decision
+    the driver takes by the clock, comes out alike. Waits are real."""
 
     def __init__(self, island: Island) -> None:
         self.island = island
 
     def now(self) -> float:
-        return self.island.stamp
+        return self.island.stamp if self.island.closing else REAL.now()
 
     def sleep(self, seconds: float) -> None:
         REAL.sleep(seconds)
@@ -159,6 +177,8 @@ class IslandLead:
         self.inner.publish(contribution)
 
     def arrivals(self) -> list[Arrival | Refused]:
+        if self.island.unanswered():
+            return []  # what came waits in the Courier's queue for the next answer (or a τ wait's gather)
         self._check()
         found = self.inner.arrivals()
         self._tell(ARRIVALS, found)
@@ -179,13 +199,15 @@ class IslandLead:
     def _check(self) -> None:
         if (failure := self.inner.failure) is not None:
             self.island.stamp = REAL.now()
-            self.island.say([ARRIVALS, 0.0, 1.0, self.island.stamp], 4)
+            self.island.say([ARRIVALS, 0.0, 1.0, self.island.stamp, 1.0], 5)
             raise failure
 
     def _tell(self, kind: float, found: list) -> None:
-        self.island.stamp = REAL.now()
+        self.island.stamp = now = REAL.now()
         self.island.messages += 1
-        self.island.say([kind, float(len(found)), 0.0, self.island.stamp], 4)
+        gap = self.island.gap(now) if kind == ARRIVALS else self.island.next_answer - self.island.asks
+        self.island.next_answer = self.island.asks + gap
+        self.island.say([kind, float(len(found)), 0.0, now, float(gap)], 5)
         for item in found:
             if isinstance(item, Refused):
                 self.island.say([REFUSAL, item.fragment, item.round, 0.0], 4)
@@ -216,7 +238,7 @@ class IslandFollower:
             subtract_into(contribution.anchor[name], values)
 
     def arrivals(self) -> list[Arrival | Refused]:
-        return self._hear(ARRIVALS)
+        return [] if self.island.unanswered() else self._hear(ARRIVALS)
 
     def gather(self, deadline: float) -> Arrival | Refused | None:
         del deadline  # rank 0 waits; this rank waits for its word
@@ -239,7 +261,8 @@ class IslandFollower:
         """Nothing to stop."""
 
     def _hear(self, kind: float) -> list[Arrival | Refused]:
-        said, count, failed, self.island.stamp = self.island.say(None, 4)
+        said, count, failed, self.island.stamp, gap = self.island.say(None, 5)
+        self.island.next_answer = self.island.asks + int(gap)
         if failed:
             raise IslandLeadFailed(
                 "rank 0 of this island stopped on an error (its log says which); this rank stops too"
