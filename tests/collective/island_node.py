@@ -19,11 +19,22 @@ role, rank, port, mailbox, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys
 torch.manual_seed(0)
 torch.set_num_threads(1)
 model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
-options = {}
+options, refused = {}, None
 if role == "island":
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     model = torch.nn.parallel.DistributedDataParallel(model)
     options["island"] = dist.group.WORLD
+    # FSDP2 runs on gloo, but its sharded parameters are refused, on every rank, naming the tensor.
+    from torch.distributed.fsdp import fully_shard
+
+    sharded = fully_shard(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Linear(8, 2)))
+    try:
+        sl.Session(
+            sharded, algorithm=sl.DiLoCo(sync_every=3), mailbox=mailbox, island=dist.group.WORLD
+        ).start()
+        refused = ""
+    except sl.ConfigError as error:
+        refused = str(error)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 data = torch.Generator().manual_seed(100 + rank + (10 if role == "single" else 0))
 method = sl.DiLoCo(sync_every=3, fragments=2, quorum_size=2, overlap_steps=1, outer_lr=0.7)
@@ -55,6 +66,7 @@ Path(out).write_text(
             "late": stats.contributions_late,
             "applied": stats.commits_applied,
             "bytes_sent": stats.bytes_sent,
+            "refused": refused,
         }
     )
 )

@@ -38,5 +38,8 @@ def test_an_island_of_two_gloo_ranks_is_one_node_whose_ranks_never_drift(tmp_pat
     assert len({tuple(versions) for _, versions, _ in lead["trace"]}) >= 4  # commits came in while training
     # Only rank 0 talked to the mailbox.
     assert lead["bytes_sent"] > 0 and other["bytes_sent"] == 0
+    # An FSDP2 model's sharded parameters are refused on both ranks, naming the tensor and the fix.
+    assert all("'0.weight' is a DTensor" in rank["refused"] and "DistributedDataParallel" in rank["refused"]
+               for rank in (lead, other))  # fmt: skip
     # Leaving aligned every node with the newest commits: the same model everywhere.
     assert lead["final"] == other["final"] == single["final"]

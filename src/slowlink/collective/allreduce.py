@@ -24,7 +24,7 @@ from ..arrays import Arrays, subtract_into
 from ..engine.channel import Arrival, Contribution
 from ..errors import ConfigError
 from ..frameworks.base import host_arrays, on_device_of
-from .island import IslandStart, _NotLeading
+from .island import IslandStart, _NotLeading, refuse_sharded
 from .quantized import all_gather_quantized
 
 
@@ -48,6 +48,7 @@ class AllReduce:
 
     def enter(self, adapter, method) -> IslandStart:
         """Every rank starts from rank 0's model; the channel's own group is made here (all ranks at once)."""
+        refuse_sharded(adapter)
         wire = method.wire()
         if (wire.delta_dtype or "F32") != "F32" or (wire.commit_dtype or "F32") != "F32":
             raise ConfigError(

@@ -285,6 +285,25 @@ class IslandFollower:
         return found
 
 
+def refuse_sharded(adapter) -> None:
+    """FSDP's sharded parameters, refused on every rank alike (each finds them itself, so none waits): an
+    island would have to gather them on rank 0, which is what sharding avoids (docs/islands.md)."""
+    model = getattr(adapter, "model", None)
+    if model is not None and any(cls.__name__ == "FullyShardedDataParallel" for cls in type(model).__mro__):
+        raise ConfigError(
+            "the model is wrapped in FSDP1 (FullyShardedDataParallel), whose flat sharded parameters are not the "
+            "model's tensors: slowlink cannot synchronize them yet (docs/islands.md); wrap the model with "
+            "DistributedDataParallel inside the island instead"
+        )
+    for name, tensor in getattr(adapter, "tensors", {}).items():
+        if type(tensor).__name__ == "DTensor" or "DTensor" in {cls.__name__ for cls in type(tensor).__mro__}:
+            raise ConfigError(
+                f"tensor {name!r} is a DTensor, sharded by FSDP's fully_shard: slowlink does not yet synchronize "
+                "sharded parameters without gathering them on one rank (docs/islands.md, 'An island with FSDP'); "
+                "wrap the model with DistributedDataParallel inside the island instead"
+            )
+
+
 def _average(island: Island, contribution: Contribution) -> None:
     """The island's contribution: the mean of its ranks' snapshots (they share the anchor, so this is the mean
     pseudo-gradient), trained on all their samples."""
@@ -320,6 +339,7 @@ def enter_island(island: Island, adapter, algorithm, join: Callable, courier: Ca
     """Rank 0 joins the mailbox (`join()`, the Session's own, then `courier()` is its Courier) and tells the
     other ranks its commits; they take them into their models. Every rank checks first that all train the
     same tensors; if rank 0 cannot join, the others stop with it."""
+    refuse_sharded(adapter)
     island.require_same(schema_digest(adapter.schema))
     blank = blank_of(adapter, adapter.schema)
     if not island.is_lead:
