@@ -43,7 +43,7 @@ def inner_step(model, optimizer, generator) -> None:
     optimizer.step()
 
 
-def ours(rank: int, port: int) -> dict:
+def ours(rank: int, port: int, bits: int | None = None) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -54,7 +54,7 @@ def ours(rank: int, port: int) -> dict:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     method = sl.DiLoCo(sync_every=H, quorum_size=2, overlap_steps=0, outer_lr=0.7, outer_momentum=0.9)
     with sl.Session(
-        model, algorithm=method, mailbox=sl.collective.AllReduce(), node_id=f"rank-{rank}"
+        model, algorithm=method, mailbox=sl.collective.AllReduce(bits=bits), node_id=f"rank-{rank}"
     ) as session:
         for _ in range(H):  # the first outer step warms up; the timed ones follow
             inner_step(model, optimizer, generator)
@@ -139,15 +139,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ours(env: dict) -> dict:
-    port, me = free_port(), [sys.executable, __file__, "--side", "ours", "--port"]
+def run_ours(env: dict, bits: int | None = None) -> dict:
+    port, me = free_port(), [sys.executable, __file__, "--side", "ours", "--bits", str(bits or 0), "--port"]
     procs = [
         subprocess.Popen([*me, str(port), "--rank", str(r)], stdout=subprocess.PIPE, env=env)
         for r in range(2)
     ]
-    return [json.loads(proc.communicate(timeout=600)[0].decode().strip().splitlines()[-1]) for proc in procs][
-        0
-    ]
+    rows = [json.loads(proc.communicate(timeout=600)[0].decode().strip().splitlines()[-1]) for proc in procs]
+    return rows[0]
 
 
 def run_theirs(python: str, env: dict) -> dict:
@@ -166,22 +165,24 @@ def main() -> None:
     parser.add_argument("--side", choices=["ours", "theirs"], help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--bits", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side is not None:
-        print(json.dumps(ours(args.rank, args.port) if args.side == "ours" else theirs()))
+        print(json.dumps(ours(args.rank, args.port, args.bits or None) if args.side == "ours" else theirs()))
         return
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    runs: dict[str, list[dict]] = {"slowlink": [], "torchft": []}
+    runs: dict[str, list[dict]] = {"slowlink": [], "torchft": [], "slowlink, 8-bit": []}
     for _ in range(args.repeats):  # the sides take turns, so that a busy machine slows both alike
         runs["slowlink"].append(run_ours(env))
         runs["torchft"].append(run_theirs(args.torchft_python, env))
+        runs["slowlink, 8-bit"].append(run_ours(env, bits=8))
     params = WIDTH * 2 * WIDTH * 2 + 3 * WIDTH
     print(f"model: {params:,} parameters (float32), H = {H} inner steps, {OUTER - 1} timed outer steps, 2 ranks, "
           f"gloo; best of {args.repeats} turns each")  # fmt: skip
-    print(f"{'':10} {'s / outer step':>15} {'of which sync':>14} {'bytes / outer step':>19}")
+    print(f"{'':16} {'s / outer step':>15} {'of which sync':>14} {'bytes / outer step':>19}")
     for name, rows in runs.items():
         row = min(rows, key=lambda row: row["seconds_per_outer_step"])
-        print(f"{name:10} {row['seconds_per_outer_step']:>15.3f} {row['sync_seconds_per_outer_step']:>14.3f} "
+        print(f"{name:16} {row['seconds_per_outer_step']:>15.3f} {row['sync_seconds_per_outer_step']:>14.3f} "
               f"{row['bytes_per_outer_step']:>19,.0f}")  # fmt: skip
 
 

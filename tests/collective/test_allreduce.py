@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -72,3 +73,13 @@ def test_quantized_codes_stand_for_each_value_within_half_a_step():
             assert ((back - x).abs() > bound / 10).any()
     zeros = torch.zeros(10)
     assert torch.equal(dequantize(*quantize(zeros, 4, block=4), 4, zeros.shape, block=4), zeros)
+
+
+def test_a_group_run_or_an_island_without_a_process_group_is_refused_naming_the_fix():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(sl.ConfigError, match="init_process_group"):
+        sl.Session(model, algorithm=sl.DiLoCo(sync_every=2), mailbox=sl.MemoryMailbox(), island=object())
+    with pytest.raises(sl.ConfigError, match="init_process_group"):
+        sl.collective.AllReduce()
+    with pytest.raises(sl.ConfigError, match="bits must be None"):
+        sl.collective.AllReduce(bits=3)
