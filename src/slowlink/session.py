@@ -68,7 +68,8 @@ class Session:
     """Joins a run on `with`, trains in it through `step()`, and leaves it on exit.
 
     model: a torch.nn.Module. algorithm: a method, e.g. sl.DiLoCo(sync_every=100). mailbox: where the run
-    lives. node_id: this node's name in the run ([a-z0-9_-], default host-pid). compression: None or "zstd".
+    lives (or sl.collective.AllReduce(group): the group's ranks are the run's nodes, no store; docs/islands.md).
+    node_id: this node's name in the run ([a-z0-9_-], default host-pid). compression: None or "zstd".
     on_event: called with every Event (also logged on the "slowlink" logger). events_file: a path that
     every Event is appended to as a JSON line (docs/events.md).
     poll_seconds: how soon the communication thread looks for news after some (it waits longer while

@@ -149,16 +149,24 @@ class RoundsOverGroup:
         return Arrival(q, version + 1, self.on_device(params), "merged")
 
     def _sum(self, delta: dict[str, torch.Tensor], weight: float) -> Arrays:
-        """Σ w·Δ / Σ w by one all-reduce of the fragment as one flat float32 buffer (its weight at the end)."""
-        flat = torch.cat([(weight * values).reshape(-1) for values in delta.values()])
-        flat = torch.cat([flat, flat.new_tensor([weight])])
+        """Σ w·Δ / Σ w by one all-reduce of the fragment as one flat float32 buffer (its weight at the end),
+        written and read in one pass each: the merged Δ is views into the reduced buffer."""
+        sizes = [values.numel() for values in delta.values()]
+        first = next(iter(delta.values()))
+        flat = torch.empty(sum(sizes) + 1, dtype=torch.float32, device=first.device)
+        at = 0
+        for values, size in zip(delta.values(), sizes, strict=True):
+            torch.mul(values.reshape(-1), weight, out=flat[at : at + size])
+            at += size
+        flat[-1] = weight
         dist.all_reduce(flat, group=self.group)
         self.bytes_sent += 2 * (self.ranks - 1) * flat.numel() * 4 // self.ranks  # a ring's share
-        total, weights = flat[:-1].cpu().numpy(), float(flat[-1])
+        total = flat.cpu().numpy()
+        total[:-1] /= total[-1]
         out, at = {}, 0
-        for name, values in delta.items():
-            out[name] = (total[at : at + values.numel()] / np.float32(weights)).reshape(values.shape)
-            at += values.numel()
+        for (name, values), size in zip(delta.items(), sizes, strict=True):
+            out[name] = total[at : at + size].reshape(values.shape)
+            at += size
         return out
 
     def _merge(self, delta: dict[str, torch.Tensor], weight: float) -> Arrays:
