@@ -1,9 +1,10 @@
 """An island: the ranks of a torch.distributed group (a torchrun job, with DDP or without) trained as one node.
 
 Rank 0 is the node's voice: its Session talks to the mailbox as any node's does, and no other rank does. Every
-rank runs the same driver (engine/node.py) in lockstep: each time the driver asks its channel for news, rank 0
-broadcasts what its channel delivered (most steps nothing: one tensor of four numbers), the commits themselves
-and its clock reading, so every rank applies the same commits at the same steps and decides each wait alike.
+rank runs the same driver (engine/node.py) in lockstep: the driver asks its channel for news each step, and rank
+0 answers every few asks (about every CHECK_SECONDS) with what its channel delivered (mostly nothing: one
+tensor of five numbers), the commits themselves and its clock reading, so every rank applies the same commits
+at the same steps and decides each wait alike.
 A contribution is the island's mean snapshot, all-reduced over the group on the sync step.
 """
 
@@ -23,7 +24,7 @@ from ..frameworks.base import schema_digest
 ARRIVALS, GATHER = 1.0, 2.0  # which call of the driver a message answers
 CHECK_SECONDS = 0.05  # how often, in steps' time, rank 0 answers the driver's ask for news
 MAX_GAP = 10_000
-NOTHING, COMMIT, REFUSAL = 0, 1, 2
+COMMIT, REFUSAL = 1, 2
 FATES = (None, "merged", "rejected", "missed")
 
 
