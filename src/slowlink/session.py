@@ -336,7 +336,7 @@ class Session:
             steps_dropped=counts["steps_dropped:steps"], steps_unconfirmed=counts["steps_unconfirmed:steps"],
             mailbox_errors=counts["mailbox_error"], uploads_failed=counts["upload_failed"],
             stalls=counts["stalled"],
-            bytes_sent=self.mailbox.bytes_sent, bytes_received=self.mailbox.bytes_received,
+            bytes_sent=getattr(self.courier, "bytes_sent", self.mailbox.bytes_sent), bytes_received=self.mailbox.bytes_received,
             requests=self.mailbox.total_requests, is_leader=self.courier.leadership.is_leader,
         )  # fmt: skip
 
