@@ -246,6 +246,8 @@ class Session:
         finally:
             self.courier.stop()
             self._state = "closed"
+        if self.island is not None and exc[0] is None:
+            self.island.left()  # the ranks leave together, once rank 0 has left the run
         self._emit(Event("left", self.node_id, f"left after {self.node.state.step} steps",
                          {"steps": self.node.state.step}))  # fmt: skip
 

@@ -72,6 +72,11 @@ class Island:
         self.answered_at, self.answered_ask = now, self.asks
         return max(1, min(MAX_GAP, int(CHECK_SECONDS / per_ask) if per_ask > 0 else 1))
 
+    def left(self) -> None:
+        """Rank 0 has left the run (its Courier stopped); the others wait for its word, so that no rank tears
+        the group down while rank 0 still finishes its last requests."""
+        self.say([1.0] if self.is_lead else None, 1)
+
     def say(self, values: list[float] | None, length: int) -> list[float]:
         """Rank 0's numbers (float64), broadcast to every rank; the others pass None."""
         tensor = (
