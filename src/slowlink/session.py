@@ -153,7 +153,7 @@ class Session:
             from .collective.island import IslandClock, enter_island
 
             start = (
-                self.fabric.enter(self.adapter, self.algorithm) if self.fabric is not None else
+                self.fabric.enter(self.adapter, self.algorithm, self.node_id, self._emit) if self.fabric is not None else
                 enter_island(self.island, self.adapter, self.algorithm, self._join_mailbox, lambda: self.courier)
             )  # fmt: skip
             created, versions, self.plan, channel, anchors = start.created, start.versions, start.plan, start.channel, start.anchors  # fmt: skip

@@ -18,7 +18,8 @@ from tests.collective.diloco_nodes import train
 rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 torch.set_num_threads(1)
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-save_file(train(rank, mailbox=sl.collective.AllReduce()), out)
+params, stats = train(rank, mailbox=sl.collective.AllReduce())
+save_file(params, out)
 errors = {}
 for bits in (8, 4):
     for shape in [(1000,), (37, 23), (3, 4, 5, 7)]:
@@ -34,8 +35,16 @@ for bits in (8, 4):
             float(error.max()),
             float(bound.max()),
         ]
-quantized = train(rank, mailbox=sl.collective.AllReduce(bits=8))
+quantized, _ = train(rank, mailbox=sl.collective.AllReduce(bits=8))
 save_file(quantized, out.replace(".safetensors", "-8bit.safetensors"))
 with open(out.replace(".safetensors", ".json"), "w") as file:
-    json.dump(errors, file)
+    json.dump(
+        {
+            "errors": errors,
+            "sent": stats.contributions_sent,
+            "applied": stats.commits_applied,
+            "bytes_sent": stats.bytes_sent,
+        },
+        file,
+    )
 dist.destroy_process_group()

@@ -8,7 +8,7 @@ METHOD = {"sync_every": 4, "fragments": 2, "quorum_size": 2, "overlap_steps": 0,
 STEPS = 16
 
 
-def train(rank: int, **session) -> dict[str, torch.Tensor]:
+def train(rank: int, **session) -> tuple[dict[str, torch.Tensor], sl.SessionStats]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -23,4 +23,4 @@ def train(rank: int, **session) -> dict[str, torch.Tensor]:
             loss.backward()
             optimizer.step()
             run.step(samples=4)
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
+    return {name: p.detach().clone() for name, p in model.named_parameters()}, run.stats

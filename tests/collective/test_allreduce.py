@@ -33,7 +33,8 @@ def test_diloco_over_a_gloo_group_equals_diloco_over_a_mailbox_with_quorum_all(t
     torch.set_num_threads(1)
     try:
         mailbox = sl.MemoryMailbox()
-        expected = run_threads([lambda r=r: train(r, mailbox=mailbox) for r in range(2)])
+        runs = run_threads([lambda r=r: train(r, mailbox=mailbox) for r in range(2)])
+        expected, stats = [params for params, _ in runs], [stats for _, stats in runs]
     finally:
         torch.set_num_threads(threads)
     assert [proc.wait(timeout=240) for proc in procs] == [0, 0]
@@ -51,10 +52,12 @@ def test_diloco_over_a_gloo_group_equals_diloco_over_a_mailbox_with_quorum_all(t
     assert any(not torch.allclose(quantized[0][name], expected[0][name], atol=1e-7) for name in quantized[0])
     # The quantized all-reduce over the group: within its bound, on 1-D, 2-D and 4-D tensors, for both ranks.
     for out in outs:
-        for key, (ratio, error, bound) in json.loads(
-            Path(out.replace(".safetensors", ".json")).read_text()
-        ).items():
+        found = json.loads(Path(out.replace(".safetensors", ".json")).read_text())
+        for key, (ratio, error, bound) in found["errors"].items():
             assert ratio <= 1.0 + 1e-4 and error > 0, (key, ratio, error, bound)
+        # 16 steps, H = 4: fragment 0 syncs at steps 4, 8, 12, 16, fragment 1 at 6, 10, 14; as over the mailbox
+        assert found["sent"] == found["applied"] == stats[0].contributions_sent == 7
+        assert found["bytes_sent"] > 0
 
 
 def test_quantized_codes_stand_for_each_value_within_half_a_step():

@@ -12,6 +12,7 @@ is quantized (collective/quantized.py), gathered, and merged by the method's own
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,7 @@ from ..algorithms.outer import RoundShape
 from ..arrays import Arrays, subtract_into
 from ..engine.channel import Arrival, Contribution
 from ..errors import ConfigError
+from ..events import Event
 from ..frameworks.base import host_arrays, on_device_of
 from .island import IslandStart, _NotLeading, refuse_sharded
 from .quantized import all_gather_quantized
@@ -46,7 +48,7 @@ class AllReduce:
                 "torch.distributed.init_process_group(...) on every rank first (torchrun sets its environment)"
             )
 
-    def enter(self, adapter, method) -> IslandStart:
+    def enter(self, adapter, method, node_id: str, emit: Callable[[Event], None]) -> IslandStart:
         """Every rank starts from rank 0's model; the channel's own group is made here (all ranks at once)."""
         refuse_sharded(adapter)
         wire = method.wire()
@@ -71,7 +73,7 @@ class AllReduce:
                 dist.broadcast(params[name], src=dist.get_global_rank(group, 0), group=group)
             adapter.assign(params)
             latest[q] = (0, params)
-        channel = RoundsOverGroup(own, self, method, plan, latest, on_device)
+        channel = RoundsOverGroup(own, self, method, plan, latest, on_device, node_id, emit)
         return IslandStart(plan, channel, channel, latest, None, [0] * len(plan))
 
 
@@ -80,7 +82,10 @@ class RoundsOverGroup:
 
     leadership = _NotLeading()
 
-    def __init__(self, group, options: AllReduce, method, plan, latest: dict, on_device) -> None:
+    def __init__(
+        self, group, options: AllReduce, method, plan, latest: dict, on_device, node_id: str, emit
+    ) -> None:
+        self.node_id, self.emit = node_id, emit
         self.group, self.options, self.method, self.plan, self.on_device = (
             group,
             options,
@@ -135,7 +140,7 @@ class RoundsOverGroup:
 
     def _round(self, item: Contribution) -> Arrival:
         """Δ = anchor − snapshot, merged over the ranks, then the method's outer step, alike on every rank."""
-        q, names = item.fragment, self.plan[item.fragment]
+        q, names, sent = item.fragment, self.plan[item.fragment], self.bytes_sent
         for name in names:
             subtract_into(item.anchor[name], item.snapshot[name])
         delta = {name: torch.as_tensor(item.snapshot[name]) for name in names}
@@ -146,6 +151,9 @@ class RoundsOverGroup:
             merged, self.states[q], anchor, flush_only=item.final, shape=RoundShape(self.ranks, self.ranks)
         )
         self.latest[q] = (version + 1, params)
+        self.emit(Event("contribution_sent", self.node_id, f"fragment {q} round {version + 1}: {item.steps} steps, "
+                        f"merged over {self.ranks} ranks", {"fragment": q, "round": version + 1, "step": item.step,
+                        "steps": item.steps, "bytes": self.bytes_sent - sent}))  # fmt: skip
         return Arrival(q, version + 1, self.on_device(params), "merged")
 
     def _sum(self, delta: dict[str, torch.Tensor], weight: float) -> Arrays:
