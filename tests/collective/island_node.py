@@ -57,6 +57,7 @@ with sl.Session(
         trace.append([step, list(session.stats.versions), hashlib.sha256(flat.numpy().tobytes()).hexdigest()])
     stats = session.stats
 final = [p.detach().tolist() for p in model.parameters()]
+left_at = list(session.stats.versions)  # the commits leaving aligned the model with
 Path(out).write_text(
     json.dumps(
         {
@@ -67,6 +68,7 @@ Path(out).write_text(
             "applied": stats.commits_applied,
             "bytes_sent": stats.bytes_sent,
             "refused": refused,
+            "left_at": left_at,
         }
     )
 )

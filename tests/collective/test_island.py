@@ -34,9 +34,11 @@ def test_an_island_of_two_gloo_ranks_is_one_node_whose_ranks_never_drift(tmp_pat
     assert len(both) >= 4, [[c["node"] for c in r["contributors"]] for r in records]
     # The island's contribution is its ranks' mean, trained on both ranks' samples (4 a step each).
     for record in both:
-        island, single = sorted(record["contributors"], key=lambda c: c["node"])
-        assert island["samples"] / island["steps"] == 2 * single["samples"] / single["steps"] == 8
-        assert 0.2 < island["norm"] / single["norm"] < 5  # a sum of the ranks' snapshots would be ≫ 5
+        theirs, its = sorted(
+            record["contributors"], key=lambda c: c["node"]
+        )  # the island's, the plain node's
+        assert theirs["samples"] / theirs["steps"] == 2 * its["samples"] / its["steps"] == 8
+        assert 0.2 < theirs["norm"] / its["norm"] < 5  # a sum of the ranks' snapshots would be ≫ 5
     assert lead["applied"] == other["applied"] >= 4
     # The island's ranks: the same commits at the same steps, and the same parameters after every step.
     assert lead["trace"] == other["trace"]
@@ -46,6 +48,10 @@ def test_an_island_of_two_gloo_ranks_is_one_node_whose_ranks_never_drift(tmp_pat
     # An FSDP2 model's sharded parameters are refused on both ranks, naming the tensor and the fix.
     assert all("'0.weight' is a DTensor" in rank["refused"] and "DistributedDataParallel" in rank["refused"]
                for rank in (lead, other))  # fmt: skip
-    # Leaving aligned the island's ranks with the same newest commits (the plain node may see one more: it
-    # can commit a last round after the island has left).
-    assert lead["final"] == other["final"]
+    # Leaving aligned the island's ranks with the same newest commits, and every node that left at the same
+    # commits holds the same model (the plain node may hold one more: it can commit after the island left).
+    assert lead["final"] == other["final"] and lead["left_at"] == other["left_at"]
+    if single["left_at"] == lead["left_at"]:
+        assert single["final"] == lead["final"]
+    else:
+        assert [a >= b for a, b in zip(single["left_at"], lead["left_at"], strict=True)] == [True, True]
