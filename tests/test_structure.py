@@ -64,7 +64,7 @@ def test_the_public_surface_is_exactly_this():
         "BalancedBytes", "ConfigError", "ContributionRefused", "DeMo", "DiLoCo", "DirMailbox", "Event", "GossipDiLoCo", "MailboxError", "MemoryMailbox",
         "NoLoCo", "NormClippedMean", "PayloadError", "RDA", "RunConfigMismatch", "S3Mailbox", "SchemaMismatch", "Session",
         "SessionStateError", "SessionStats", "SlowlinkError", "Strided", "TopK", "TrainingDiverged", "TrimmedMean",
-        "WeightedMean", "align", "checkpoint", "metrics",
+        "WeightedMean", "align", "checkpoint", "collective", "metrics",
     ]  # fmt: skip
     for name in sl.__all__:
         assert getattr(sl, name) is not None

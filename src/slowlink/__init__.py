@@ -32,6 +32,11 @@ def __getattr__(name: str):
         from .optim import DeMo
 
         return DeMo
+    # sl.collective (runs over torch.distributed process groups) needs torch: imported on first use too.
+    if name == "collective":
+        import importlib
+
+        return importlib.import_module(".collective", __name__)
     # S3Mailbox needs boto3 (the s3 extra): imported on first use, so `import slowlink` works without it.
     if name == "S3Mailbox":
         from .mailbox import S3Mailbox
@@ -69,5 +74,6 @@ __all__ = [
     "WeightedMean",
     "align",
     "checkpoint",
+    "collective",
     "metrics",
 ]

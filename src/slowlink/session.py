@@ -9,12 +9,9 @@ to host memory. The only waits are the ones `overlap_steps` asks for.
 
 import math
 import os
-import re
-import socket
 import threading
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from .algorithms.gossip import GossipMethod
 from .algorithms.method import Method
@@ -22,58 +19,31 @@ from .clock import REAL
 from .engine.node import Node
 from .engine.samples import count_of
 from .engine.stall import StallWatch
+from .engine.stats import SessionStats
 from .errors import ConfigError, MailboxUnavailable, SessionStateError
 from .events import Event, JsonLines, log_event
 from .frameworks.base import adapter_for, compare_frozen, frozen_of, on_device_of, schema_digest
 from .mailbox.contract import Mailbox
+from .mailbox.memory import MemoryMailbox
 from .mailbox.metered import Metered
 from .mailbox.named import open_mailbox
-from .protocol import keys
 from .protocol.chain import load_newest
 from .protocol.courier import Courier, NodeStatus
 from .protocol.gossip import GossipSession
 from .protocol.joined import joined_event, refuse_resuming
 from .protocol.leases import refuse_if_live
 from .protocol.run import open_run
+from .protocol.session_checks import check_options, default_node_id
 from .protocol.trust import RunKey, trusted_view
-from .wire.encodings import ENCODINGS
-
-
-@dataclass(frozen=True)
-class SessionStats:
-    """A snapshot of what this node has done; counters of work that did not reach the model included.
-    Each counter is named after the event that feeds it (docs/events.md)."""
-
-    node: str
-    step: int
-    samples: int
-    versions: tuple[int, ...]  # the commit each fragment is aligned with
-    commits_applied: int  # commits this node aligned with
-    rounds_merged: int  # rounds this node closed as the leader
-    contributions_sent: int
-    contributions_late: int  # missed their round; their steps were carried into the next contribution
-    contributions_rejected: int  # rejected by this node as the leader, with reasons in the commit records
-    own_contributions_rejected: int  # this node's, rejected by the merger; their steps were carried on
-    contributions_refused: int  # not published: far outside this node's history (ContributionRefused)
-    syncs_deferred: int  # due while the in-flight limit was reached; published later, nothing lost
-    syncs_skipped: int  # due for a round already committed (a node joining mid-round); steps carried
-    steps_replaced: int  # overlap steps replaced by a commit (mixing keeps a share of them)
-    steps_dropped: int  # steps trained but never merged: dropped when the node left
-    steps_unconfirmed: int  # published, but not committed before the node left: the run may still merge them
-    mailbox_errors: int  # requests to the store that failed (the communication thread tried again)
-    uploads_failed: int  # contribution uploads that failed (each sent again, and counted once when it lands)
-    stalls: int  # times this node trained alone: no commit for a while, the store failing (on_stall)
-    bytes_sent: int
-    bytes_received: int
-    requests: int
-    is_leader: bool
 
 
 class Session:
     """Joins a run on `with`, trains in it through `step()`, and leaves it on exit.
 
-    model: a torch.nn.Module or an mlx.nn.Module. algorithm: a method, e.g. sl.DiLoCo(sync_every=100). mailbox: where the run
-    lives. node_id: this node's name in the run ([a-z0-9_-], default host-pid). compression: None or "zstd".
+    model: a torch.nn.Module or an mlx.nn.Module. algorithm: a method, e.g. sl.DiLoCo(sync_every=100). mailbox:
+    where the run lives (or sl.collective.AllReduce(group): the group's ranks are the run's nodes, no store;
+    docs/islands.md). node_id: this node's name in the run ([a-z0-9_-], default host-pid). compression: None
+    or "zstd".
     on_event: called with every Event (also logged on the "slowlink" logger). events_file: a path that
     every Event is appended to as a JSON line (docs/events.md).
     poll_seconds: how soon the communication thread looks for news after some (it waits longer while
@@ -86,6 +56,8 @@ class Session:
     on_stall: "warn" (emit `stalled` and train on) or "raise" (session.step() raises MailboxUnavailable)
     when no commit has arrived for a while and the store keeps failing. resume: False refuses to join a run
     that has commits already (a script re-run on an old run's folder would otherwise continue it).
+    island: a torch.distributed process group (e.g. torch.distributed.group.WORLD under torchrun) whose ranks
+    are this one node: every rank runs the same lines, rank 0 alone talks to the mailbox (docs/islands.md).
     A mailbox may also be named: a folder path, or "s3://bucket/prefix" (mailbox/named.py).
     `start()` and `close()` do what `with` does, for loops that cannot sit in a `with` block.
     A gossip method (sl.GossipDiLoCo, sl.NoLoCo) makes a gossip node instead (protocol/gossip.py, docs/gossip.md).
@@ -113,15 +85,22 @@ class Session:
         params: object = None,
         on_stall: str = "warn",
         resume: bool = True,
+        island: object = None,
     ) -> None:
-        _check_options(algorithm, node_id, compression, poll_seconds, lease_seconds, close_timeout)
+        check_options(algorithm, node_id, compression, poll_seconds, lease_seconds, close_timeout)
         if on_stall not in ("warn", "raise") or not isinstance(resume, bool):
             raise ConfigError(
                 f"on_stall={on_stall!r} must be 'warn' or 'raise', resume={resume!r} True or False"
             )
         self.on_stall, self.resume = on_stall, resume
-        mailbox = open_mailbox(mailbox)
-        self.node_id = node_id if node_id is not None else _default_node_id()
+        self.island = None if island is None else _island_of(island)
+        self.fabric = (
+            mailbox if callable(getattr(mailbox, "enter", None)) else None
+        )  # sl.collective.AllReduce
+        mailbox = (
+            open_mailbox(mailbox) if self.fabric is None else MemoryMailbox()
+        )  # (then nothing is stored)
+        self.node_id = node_id if node_id is not None else default_node_id()
         self.model, self.algorithm, self.compression, self.params = model, algorithm, compression, params
         self.run_key = RunKey.resolve(run_key)
         self.raw_mailbox = mailbox
@@ -146,6 +125,40 @@ class Session:
         # Entries a store lists that slowlink could not have written are skipped; this node reports them.
         self.raw_mailbox.on_ignored = self._key_ignored
         self.adapter = adapter_for(self.model, self.params)
+        clock = self.clock
+        if self.island is None and self.fabric is None:
+            created, versions = self._join_mailbox()
+            channel, anchors = self.courier, self.courier.anchors()
+        else:  # one node of many ranks (collective/island.py), or a run over a process group (allreduce.py)
+            from .collective.island import IslandClock, enter_island
+
+            start = (
+                self.fabric.enter(self.adapter, self.algorithm, self.node_id, self._emit) if self.fabric is not None else
+                enter_island(self.island, self.adapter, self.algorithm, self._join_mailbox, lambda: self.courier)
+            )  # fmt: skip
+            created, versions, self.plan, channel, anchors = start.created, start.versions, start.plan, start.channel, start.anchors  # fmt: skip
+            self.courier, self.rounds = start.courier, self.algorithm.rounds(len(self.plan))
+            clock = IslandClock(self.island) if self.island is not None else self.clock
+        self.node = Node(
+            node_id=self.node_id, rounds=self.rounds, adapter=self.adapter, plan=self.plan, channel=channel,
+            clock=clock, latest=anchors, emit=self._emit,
+        )  # fmt: skip
+        self._entered_at = self.clock.now()
+        self._stall = StallWatch(
+            self.node_id, sync_every=self.rounds.sync_every, poll_seconds=self.poll_seconds,
+            step_seconds=lambda: self.node.step_seconds, head=lambda: sum(self.courier.newest()),
+            since=self._entered_at,
+        )  # fmt: skip
+        self.courier.start()
+        self._leases_read_at_join = getattr(self.courier, "leases", None) and self.courier.leases.reads
+        self._state = "open"
+        if created is not None:  # (an island's other ranks have joined no mailbox)
+            self._announce(created, versions)
+        self._say_if_plan_reduced()
+        return self
+
+    def _join_mailbox(self) -> tuple[bool, list[int]]:
+        """Open the run (or create it), take its newest commits, and make the Courier; (created, versions)."""
         plan = self.algorithm.plan(self.adapter.schema)
         self.run, created = open_run(
             self.mailbox, config=self.algorithm.to_dict(), schema=self.adapter.schema,
@@ -170,22 +183,7 @@ class Session:
             status=self._status, poll_seconds=self.poll_seconds, lease_seconds=self.lease_seconds,
             compression=self.compression, clock=self.clock, on_device=on_device_of(self.adapter),
         )  # fmt: skip
-        self.node = Node(
-            node_id=self.node_id, rounds=self.rounds, adapter=self.adapter, plan=self.plan, channel=self.courier,
-            clock=self.clock, latest=self.courier.anchors(), emit=self._emit,
-        )  # fmt: skip
-        self._entered_at = self.clock.now()
-        self._stall = StallWatch(
-            self.node_id, sync_every=self.rounds.sync_every, poll_seconds=self.poll_seconds,
-            step_seconds=lambda: self.node.step_seconds, head=lambda: sum(self.courier.newest()),
-            since=self._entered_at,
-        )  # fmt: skip
-        self.courier.start()
-        self._leases_read_at_join = self.courier.leases.reads
-        self._state = "open"
-        self._announce(created, [version for version, _ in latest.values()])
-        self._say_if_plan_reduced()
-        return self
+        return created, [version for version, _ in latest.values()]
 
     def _announce(self, created: bool, versions: list[int]) -> None:
         if created:
@@ -222,10 +220,14 @@ class Session:
             if exc[0] is None:
                 if self.courier.failure is not None and self.courier.failure is self._stall_error:
                     self.courier.failure = None  # raised once already; leaving still tries its best
+                if self.island is not None:
+                    self.island.closing = True  # every rank now asks rank 0 at each step, and reads its clock
                 self.node.finish(self.close_timeout)
         finally:
             self.courier.stop()
             self._state = "closed"
+        if self.island is not None and exc[0] is None:
+            self.island.left()  # the ranks leave together, once rank 0 has left the run
         self._emit(Event("left", self.node_id, f"left after {self.node.state.step} steps",
                          {"steps": self.node.state.step}))  # fmt: skip
 
@@ -245,8 +247,8 @@ class Session:
             )
         if type(samples) is not int or samples < 0:  # the common case costs one check
             samples = count_of(samples)
-        if self.courier.failure is not None:
-            raise self.courier.failure
+        if self.node.channel.failure is not None:  # (an island's rank 0 tells its other ranks first)
+            raise self.node.channel.failure
         self.node.step(samples)
 
     def reset(self) -> None:
@@ -316,7 +318,7 @@ class Session:
             steps_dropped=counts["steps_dropped:steps"], steps_unconfirmed=counts["steps_unconfirmed:steps"],
             mailbox_errors=counts["mailbox_error"], uploads_failed=counts["upload_failed"],
             stalls=counts["stalled"],
-            bytes_sent=self.mailbox.bytes_sent, bytes_received=self.mailbox.bytes_received,
+            bytes_sent=getattr(self.courier, "bytes_sent", self.mailbox.bytes_sent), bytes_received=self.mailbox.bytes_received,
             requests=self.mailbox.total_requests, is_leader=self.courier.leadership.is_leader,
         )  # fmt: skip
 
@@ -368,24 +370,7 @@ class Session:
         return math.ceil(self.rounds.global_batch_size / len(self.courier.live_nodes()))
 
 
-def _check_options(algorithm: object, node_id: str | None, compression: str | None, *seconds: float) -> None:
-    if not isinstance(algorithm, Method):
-        raise ConfigError(
-            f"algorithm={algorithm!r} must be a slowlink method such as sl.DiLoCo(sync_every=100)"
-        )
-    if node_id is not None and not keys.NODE_ID.match(node_id):
-        raise ConfigError(f"node_id={node_id!r} must be 1-64 of [a-z0-9_-], starting with a letter or digit")
-    if compression not in (None, "zstd"):
-        raise ConfigError(f"compression={compression!r} must be None or 'zstd'")
-    for name, value in zip(("poll_seconds", "lease_seconds", "close_timeout"), seconds, strict=True):
-        if not isinstance(value, int | float) or value <= 0:
-            raise ConfigError(f"{name}={value!r} must be a positive number of seconds")
-    wire = algorithm.wire()
-    for name in ("delta_dtype", "commit_dtype"):
-        if (value := getattr(wire, name) or "F32") not in ENCODINGS and not value.startswith("TOPK("):
-            raise ConfigError(f"{name}={getattr(wire, name)!r} is not available in this build")
+def _island_of(group: object) -> object:
+    from .collective.island import Island  # torch: imported only for an island
 
-
-def _default_node_id() -> str:
-    host = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-")[:40] or "node"
-    return f"{host}-{os.getpid()}"
+    return group if isinstance(group, Island) else Island(group)

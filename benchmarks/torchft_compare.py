@@ -1,0 +1,190 @@
+"""torchft's DiLoCo against slowlink's DiLoCo over a process group (sl.collective.AllReduce): the same model,
+the same inner loop, two ranks on gloo over 127.0.0.1; time per outer step and bytes per outer step.
+
+    python benchmarks/torchft_compare.py --torchft-python /tmp/tft/bin/python
+
+torchft runs in its own virtual environment (it pins its own torch): `python -m venv /tmp/tft &&
+/tmp/tft/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && /tmp/tft/bin/pip
+install torchft==0.2.0`. Each side is two processes; torchft's also has its lighthouse, as its tests run it.
+Bytes are the pseudo-gradients' payload each rank sends per outer step, float32, by a ring all-reduce's
+share 2(N − 1)/N of the buffer: what both sides put through gloo (torchft's quorum RPCs not counted).
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+WIDTH, H, OUTER, BATCH = 512, 20, 6, 8
+
+
+def build_model():
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(WIDTH, 2 * WIDTH), torch.nn.ReLU(), torch.nn.Linear(2 * WIDTH, WIDTH)
+    )
+
+
+def inner_step(model, optimizer, generator) -> None:
+    import torch
+
+    x = torch.randn(BATCH, WIDTH, generator=generator)
+    loss = (model(x) - x).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def ours(rank: int, port: int, bits: int | None = None) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    import slowlink as sl
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    model, generator = build_model(), torch.Generator().manual_seed(rank)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    method = sl.DiLoCo(sync_every=H, quorum_size=2, overlap_steps=0, outer_lr=0.7, outer_momentum=0.9)
+    with sl.Session(
+        model, algorithm=method, mailbox=sl.collective.AllReduce(bits=bits), node_id=f"rank-{rank}"
+    ) as session:
+        for _ in range(H):  # the first outer step warms up; the timed ones follow
+            inner_step(model, optimizer, generator)
+            session.step(samples=BATCH)
+        sent, steps = session.courier.bytes_sent, []
+        for _ in range((OUTER - 1) * H):
+            start = time.perf_counter()
+            inner_step(model, optimizer, generator)
+            session.step(samples=BATCH)
+            steps.append(time.perf_counter() - start)
+        sent = session.courier.bytes_sent - sent
+    dist.destroy_process_group()
+    return summary(steps) | {"bytes_per_outer_step": sent / (OUTER - 1)}
+
+
+def summary(steps: list[float]) -> dict:
+    """Seconds per outer step, and what the sync adds to them: in each outer step's H steps the sync step is
+    the slowest, and it adds its time less a typical step's (the median)."""
+    typical = statistics.median(steps)
+    windows = [steps[at : at + H] for at in range(0, len(steps), H)]
+    return {
+        "seconds_per_outer_step": sum(steps) / len(windows),
+        "sync_seconds_per_outer_step": statistics.mean(max(window) - typical for window in windows),
+    }
+
+
+def theirs_replica(replica: int, lighthouse: str, out) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torchft.local_sgd import DiLoCo
+    from torchft.manager import Manager
+    from torchft.process_group import ProcessGroupGloo
+
+    store = dist.TCPStore(host_name="localhost", port=0, is_master=True, wait_for_workers=False)
+    model, generator = build_model(), torch.Generator().manual_seed(replica)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    manager = Manager(
+        pg=ProcessGroupGloo(), min_replica_size=2, use_async_quorum=False, load_state_dict=model.load_state_dict,
+        state_dict=model.state_dict, replica_id=str(replica), store_addr="localhost", store_port=store.port,
+        rank=0, world_size=1, lighthouse_addr=lighthouse, port=19630 + replica,
+        timeout=timedelta(seconds=60), quorum_timeout=timedelta(seconds=60), connect_timeout=timedelta(seconds=60),
+    )  # fmt: skip
+    with DiLoCo(manager, [model], optimizer, outer, sync_every=H) as diloco:
+        del diloco
+        for _ in range(H):
+            inner_step(model, optimizer, generator)
+        steps = []
+        for _ in range((OUTER - 1) * H):
+            start = time.perf_counter()
+            inner_step(model, optimizer, generator)  # the sync runs inside optimizer.step(), every H-th
+            steps.append(time.perf_counter() - start)
+    params = sum(p.numel() for p in model.parameters())
+    manager.shutdown(wait=False)
+    out.put(
+        summary(steps)
+        | {"bytes_per_outer_step": params * 4 * 2 * (2 - 1) / 2, "steps": manager.current_step()}
+    )
+
+
+def theirs() -> dict:
+    import multiprocessing
+
+    from torchft._torchft import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=2)
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    replicas = [context.Process(target=theirs_replica, args=(r, lighthouse.address(), out)) for r in range(2)]
+    for replica in replicas:
+        replica.start()
+    results = [out.get(timeout=600) for _ in replicas]
+    for replica in replicas:
+        replica.join()
+    lighthouse.shutdown()
+    return results[0] | {"ranks": results}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ours(env: dict, bits: int | None = None) -> dict:
+    port, me = free_port(), [sys.executable, __file__, "--side", "ours", "--bits", str(bits or 0), "--port"]
+    procs = [
+        subprocess.Popen([*me, str(port), "--rank", str(r)], stdout=subprocess.PIPE, env=env)
+        for r in range(2)
+    ]
+    rows = [json.loads(proc.communicate(timeout=600)[0].decode().strip().splitlines()[-1]) for proc in procs]
+    return rows[0]
+
+
+def run_theirs(python: str, env: dict) -> dict:
+    found = subprocess.run([python, __file__, "--side", "theirs"], capture_output=True, env=env, timeout=900)
+    if found.returncode != 0:
+        sys.exit(f"torchft's side failed:\n{found.stderr.decode()[-3000:]}")
+    return json.loads(found.stdout.decode().strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--torchft-python", default="/tmp/tft/bin/python")
+    parser.add_argument("--repeats", type=int, default=3, help="turns of each side; the medians are shown")
+    parser.add_argument("--side", choices=["ours", "theirs"], help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--bits", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side is not None:
+        print(json.dumps(ours(args.rank, args.port, args.bits or None) if args.side == "ours" else theirs()))
+        return
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    runs: dict[str, list[dict]] = {"slowlink": [], "torchft": [], "slowlink, 8-bit": []}
+    for _ in range(args.repeats):  # the sides take turns, so that a busy machine slows both alike
+        runs["slowlink"].append(run_ours(env))
+        runs["torchft"].append(run_theirs(args.torchft_python, env))
+        runs["slowlink, 8-bit"].append(run_ours(env, bits=8))
+    params = WIDTH * 2 * WIDTH * 2 + 3 * WIDTH
+    print(f"model: {params:,} parameters (float32), H = {H} inner steps, {OUTER - 1} timed outer steps, 2 ranks, "
+          f"gloo; medians of {args.repeats} turns each, taken in turn")  # fmt: skip
+    print(f"{'':16} {'s / outer step':>15} {'of which sync':>14} {'bytes / outer step':>19}")
+    for name, rows in runs.items():  # each side's median turn: the machine's load varies from turn to turn
+        total = statistics.median(row["seconds_per_outer_step"] for row in rows)
+        sync = statistics.median(row["sync_seconds_per_outer_step"] for row in rows)
+        print(f"{name:16} {total:>15.3f} {sync:>14.3f} {rows[0]['bytes_per_outer_step']:>19,.0f}")
+
+
+if __name__ == "__main__":
+    main()

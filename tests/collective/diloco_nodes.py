@@ -1,0 +1,26 @@
+"""The training both sides of the process-group test run: a small model, each node's own seeded data."""
+
+import torch
+
+import slowlink as sl
+
+METHOD = {"sync_every": 4, "fragments": 2, "quorum_size": 2, "overlap_steps": 0, "outer_lr": 0.7}
+STEPS = 16
+
+
+def train(rank: int, **session) -> tuple[dict[str, torch.Tensor], sl.SessionStats]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = torch.Generator().manual_seed(100 + rank)
+    with sl.Session(
+        model, algorithm=sl.DiLoCo(**METHOD), node_id=f"rank-{rank}", poll_seconds=0.02, **session
+    ) as run:
+        for _ in range(STEPS):
+            x = torch.randn(4, 6, generator=data)
+            loss = (model(x) - x[:, :2]).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            run.step(samples=4)
+    return {name: p.detach().clone() for name, p in model.named_parameters()}, run.stats

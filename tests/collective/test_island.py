@@ -1,0 +1,57 @@
+"""A 2-rank gloo island (DDP, rank 0 alone talks to the mailbox) and a plain node train one run on a
+DirMailbox: rounds commit with both, and the island's ranks hold identical parameters after every step."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.optim.test_demo_gloo import free_port
+
+ROOT = Path(__file__).parents[2]
+
+
+def test_an_island_of_two_gloo_ranks_is_one_node_whose_ranks_never_drift(tmp_path):
+    port, mailbox = free_port(), tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
+    script = str(ROOT / "tests/collective/island_node.py")
+    roles = [("island", 0), ("island", 1), ("single", 0)]
+    outs = [tmp_path / f"{role}{rank}.json" for role, rank in roles]
+
+    def start(role: str, rank: int, out: Path) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, script, role, str(rank), str(port), str(mailbox), str(out)], env=env, cwd=ROOT
+        )
+
+    procs = [start(role, rank, out) for (role, rank), out in zip(roles, outs, strict=True)]
+    assert [proc.wait(timeout=240) for proc in procs] == [0, 0, 0]
+    lead, other, single = (json.loads(out.read_text()) for out in outs)
+    # Rounds committed with both nodes (a round or two may close before the other joins): 12 steps, H = 3,
+    # 2 fragments, 4 rounds of each.
+    records = [json.loads(path.read_text()) for path in sorted((mailbox / "commits").glob("*/*.json"))]
+    both = [r for r in records if {c["node"] for c in r["contributors"]} == {"island", "single"}]
+    assert len(both) >= 4, [[c["node"] for c in r["contributors"]] for r in records]
+    # The island's contribution is its ranks' mean, trained on both ranks' samples (4 a step each).
+    for record in both:
+        theirs, its = sorted(
+            record["contributors"], key=lambda c: c["node"]
+        )  # the island's, the plain node's
+        assert theirs["samples"] / theirs["steps"] == 2 * its["samples"] / its["steps"] == 8
+        assert 0.2 < theirs["norm"] / its["norm"] < 5  # a sum of the ranks' snapshots would be ≫ 5
+    assert lead["applied"] == other["applied"] >= 4
+    # The island's ranks: the same commits at the same steps, and the same parameters after every step.
+    assert lead["trace"] == other["trace"]
+    assert len({tuple(versions) for _, versions, _ in lead["trace"]}) >= 4  # commits came in while training
+    # Only rank 0 talked to the mailbox.
+    assert lead["bytes_sent"] > 0 and other["bytes_sent"] == 0
+    # An FSDP2 model's sharded parameters are refused on both ranks, naming the tensor and the fix.
+    assert all("'0.weight' is a DTensor" in rank["refused"] and "DistributedDataParallel" in rank["refused"]
+               for rank in (lead, other))  # fmt: skip
+    # Leaving aligned the island's ranks with the same newest commits, and every node that left at the same
+    # commits holds the same model (the plain node may hold one more: it can commit after the island left).
+    assert lead["final"] == other["final"] and lead["left_at"] == other["left_at"]
+    if single["left_at"] == lead["left_at"]:
+        assert single["final"] == lead["final"]
+    else:
+        assert [a >= b for a, b in zip(single["left_at"], lead["left_at"], strict=True)] == [True, True]
