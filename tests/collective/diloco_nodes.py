@@ -1,5 +1,7 @@
 """The training both sides of the process-group test run: a small model, each node's own seeded data."""
 
+import time
+
 import torch
 
 import slowlink as sl
@@ -16,6 +18,11 @@ def train(rank: int, **session) -> tuple[dict[str, torch.Tensor], sl.SessionStat
     with sl.Session(
         model, algorithm=sl.DiLoCo(**METHOD), node_id=f"rank-{rank}", poll_seconds=0.02, **session
     ) as run:
+        # A barrier round closes on "every live node reported": a merger that has not yet read the other
+        # node's lease would close round 1 alone. Both runs start once both nodes see each other.
+        deadline = time.monotonic() + 60
+        while len(run.courier.live_nodes()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
         for _ in range(STEPS):
             x = torch.randn(4, 6, generator=data)
             loss = (model(x) - x[:, :2]).pow(2).mean()
