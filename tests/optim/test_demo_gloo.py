@@ -1,4 +1,4 @@
-"""Two real gloo processes on 127.0.0.1, and two real processes over a DirMailbox, end with the parameters the
+"""Two real processes, first over gloo on 127.0.0.1 and then over a DirMailbox, end both runs with the parameters the
 same two nodes reach in the simulator (sim.run_demo)."""
 
 import os
@@ -25,13 +25,15 @@ def free_port() -> int:
 def test_gloo_and_mailbox_processes_match_the_simulator(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
     port, store = str(free_port()), tmp_path / "store"
-    runs = {(how, r): tmp_path / f"{how}{r}.safetensors" for how in ("gloo", "mailbox") for r in range(2)}
     nodes = [
-        subprocess.Popen([sys.executable, str(ROOT / "tests/optim/gloo_node.py"), how, str(r),
-                          port if how == "gloo" else str(store), str(out)], env=env, cwd=ROOT)
-        for (how, r), out in runs.items()
+        subprocess.Popen([sys.executable, str(ROOT / "tests/optim/gloo_node.py"), str(r), port, str(store),
+                          str(tmp_path / f"node{r}-")], env=env, cwd=ROOT)
+        for r in range(2)
     ]  # fmt: skip
-    assert [node.wait(timeout=300) for node in nodes] == [0, 0, 0, 0]
+    assert [node.wait(timeout=300) for node in nodes] == [0, 0]
+    runs = {
+        (how, r): tmp_path / f"node{r}-{how}.safetensors" for how in ("gloo", "mailbox") for r in range(2)
+    }
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the nodes' own setting: a sign step turns any rounding difference into ±lr
     try:
@@ -50,7 +52,11 @@ def test_gloo_and_mailbox_processes_match_the_simulator(tmp_path):
     assert sorted(key.key for key in DirMailbox(str(store)).list("demo/")) == [
         f"demo/{step:012d}/{rank:05d}" for step in (STEPS - 2, STEPS - 1) for rank in range(2)
     ]
-    # the simulator counted every step's bytes: one payload sent and one received per worker
+    # the simulator counted every step's bytes: each worker's payload sent, and received by the other
     reports = simulated.workers
-    assert reports[0].bytes_sent == sum(simulated.bytes_per_step) and reports[0].bytes_received > 0
+    assert reports[0].bytes_sent + reports[1].bytes_sent == 2 * sum(simulated.bytes_per_step)
+    assert (reports[0].bytes_received, reports[1].bytes_received) == (
+        reports[1].bytes_sent,
+        reports[0].bytes_sent,
+    )
     assert simulated.optimizers[0].stats["sent_bytes"] == reports[0].bytes_sent

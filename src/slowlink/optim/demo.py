@@ -196,6 +196,9 @@ class DeMo(torch.optim.Optimizer):
             except PayloadError as error:
                 tensor, reason = error.args if len(error.args) == 2 else ("-", str(error))
                 self.refusals.append((node, tensor, reason))
+        if not kept:  # an exchange's rows hold this node's own payload, which always decodes
+            raise SessionStateError(f"DeMo step {self._step}: the exchange returned no node's payload, not even "
+                                    "this node's own; an exchange must return every row, its own included")  # fmt: skip
         out = {}
         for t, name in enumerate(self._layouts):
             indices = torch.from_numpy(np.stack([node[t][0] for node in kept])).to(device)
