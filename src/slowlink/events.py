@@ -40,6 +40,7 @@ LEVELS: dict[str, int] = {
     "record_replaced": logging.WARNING,
     "plan_reduced": logging.WARNING,
     "stalled": logging.WARNING,
+    "self_mixed": logging.WARNING,  # a gossip partner's payload was missing, late, corrupt or of another schema
     # an existing run continued: a script re-run on an old run's folder must not pass for a fresh start
     "joined": logging.WARNING,
     # the normal course of a run
@@ -58,6 +59,7 @@ LEVELS: dict[str, int] = {
     # every round, on every node
     "contribution_sent": logging.DEBUG,
     "commit_applied": logging.DEBUG,
+    "gossip_round": logging.DEBUG,
     "leases_swept": logging.INFO,
 }
 # Kinds that mean work trained on a node did not (fully) reach the committed model, or a failure.

@@ -218,7 +218,12 @@ def test_compare_and_swap_on_an_absent_key_fails_and_creates_nothing(mailbox):
     assert mailbox.get("leader.json") is None
 
 
-def test_concurrent_compare_and_swap_increments_lose_no_update(mailbox):
+def test_concurrent_compare_and_swap_increments_lose_no_update(mailbox, request):
+    if request.node.callspec.params["mailbox"] == "s3" and request.getfixturevalue("s3_endpoint").is_moto:
+        # Seen twice with the suite on two workers: 39 of 40 increments, two PUTs on one ETag both taken.
+        # moto checks If-Match and then writes, not atomically, so its server loses updates under load;
+        # S3 and MinIO check and write as one. SLOWLINK_S3_ENDPOINT runs this against a real store.
+        pytest.skip("moto's If-Match is not atomic under concurrent writers; set SLOWLINK_S3_ENDPOINT")
     mailbox.put("counter", b"0")
     threads, increments = 4, 10
     conflicts = Counter()

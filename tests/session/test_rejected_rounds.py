@@ -2,6 +2,7 @@
 rejections, so each rejected node learns why, carries its steps on, frees its in-flight slot and leaves
 without waiting out close_timeout."""
 
+import threading
 import time
 
 import torch
@@ -101,3 +102,46 @@ def test_a_lone_node_whose_contribution_is_rejected_goes_on_committing(tmp_path)
         sgd_step(reference, batch, 0.1)
     for mine, plain in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.allclose(mine, plain, atol=1e-6)
+
+
+def test_a_final_contribution_the_merger_rejects_is_sent_once_not_until_close_timeout(tmp_path):
+    # Found under load: a leaving node's flushed contribution was rejected for its norm, came back unchanged
+    # and went out again, round after round, until close_timeout. Here b has no merged contribution of its
+    # own yet (so its own check lets anything out), and its one step is far larger than the fragment's
+    # history: the merger, a, which trains on meanwhile, rejects it.
+    mailbox = sl.DirMailbox(tmp_path / "run")
+    options = dict(algorithm=sl.DiLoCo(sync_every=2, flush_on_close=True), mailbox=mailbox, poll_seconds=0.005,
+                   close_timeout=5.0)  # fmt: skip
+    models, seen, data = [tiny_mlp(), tiny_mlp()], [], batches(0, 400)
+    done = threading.Event()
+    with sl.Session(models[0], node_id="a", **options) as a:
+
+        def train_a() -> None:
+            for step in range(400):
+                if done.is_set():
+                    return
+                sgd_step(models[0], data[step], 0.01)
+                a.step(samples=4)
+                time.sleep(0.01)
+
+        for step in range(4):  # two rounds commit: the merger learns the fragment's norms
+            sgd_step(models[0], data[step], 0.01)
+            a.step(samples=4)
+            wait_for(lambda r=(step + 1) // 2: a.courier.latest[0][0] >= r, f"round {(step + 1) // 2}")
+        trainer = threading.Thread(target=train_a)
+        trainer.start()
+        try:
+            with sl.Session(models[1], node_id="b", on_event=seen.append, **options) as b:
+                with torch.no_grad():
+                    for p in models[1].parameters():
+                        p.add_(1000.0)
+                b.step(samples=4)
+                started = time.monotonic()
+            left_after = time.monotonic() - started
+        finally:
+            done.set()
+            trainer.join()
+    assert left_after < 4.0  # b left without waiting out close_timeout
+    rejected = [e for e in seen if e.kind == "own_contribution_rejected"]
+    assert len(rejected) == 1, [e.message for e in rejected]
+    assert b.stats.own_contributions_rejected == 1 and b.stats.steps_dropped == 1

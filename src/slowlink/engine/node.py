@@ -55,6 +55,7 @@ class Node:
         self.step_seconds = 0.0  # moving average of the time between two steps
         self.busy_seconds = 0.0  # spent inside step(), waits included
         self.refusals: dict[int, ContributionRefused] = {}  # fragment -> why the channel did not publish it
+        self.flushed: set[int] = set()  # fragments whose final contribution went out as this node left
         self._last_step_at: float | None = None
 
     # ---- one step ------------------------------------------------------------------------------------
@@ -259,11 +260,14 @@ class Node:
 
     def flush(self) -> None:
         """With flush_on_close, publish the steps not yet sent (steps carried by a commit that arrived
-        meanwhile go out on the next call)."""
+        meanwhile go out on the next call), each fragment's final contribution once: one the merger
+        rejected or missed comes back unchanged, and sending it again would commit empty rounds until
+        close_timeout (its steps are reported dropped)."""
         if self.rounds.flush_on_close:
             for fragment in rounds_.unsent(self.state):
-                if fragment in self.refusals:
-                    continue  # refused once already: its Δ has not changed since
+                if fragment in self.refusals or fragment in self.flushed:
+                    continue  # refused once already, or sent as final once: its Δ has not changed since
+                self.flushed.add(fragment)
                 self.state = rounds_.send(self.state, fragment)
                 self._publish(fragment, final=True)
 
