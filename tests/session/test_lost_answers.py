@@ -127,9 +127,9 @@ def test_a_failed_read_while_learning_a_contributions_fate_loses_neither_the_com
     courier.sent[0] = (1, mine)
     mailbox.armed = keys.commit(0, 1)  # reading commit 1 (the fate) fails once, after commit 2 was fetched
     with pytest.raises(MailboxUnavailable):
-        courier.feed.poll_head()
+        courier.feed.poll_head(courier.sent)
     assert courier.latest[0][0] == 0 and courier.inbox.empty() and courier.sent == {0: (1, mine)}
-    courier.feed.poll_head()  # the next turn delivers it whole
+    courier.feed.poll_head(courier.sent)  # the next turn delivers it whole
     alignment = courier.inbox.get_nowait()
     assert (alignment.version, alignment.mine) == (2, "merged")
     assert courier.latest[0][0] == 2 and courier.sent == {}

@@ -96,7 +96,7 @@ class Courier:
         self.own_norms = OwnNorms(method.rounds(len(run.plan)).max_norm_ratio)  # refuses a Δ far beyond them
         self._unsent: Contribution | None = None  # an upload that failed, tried again on the next turn
         self.head = [version for version, _ in (latest[q] for q in range(len(run.plan)))]  # moved in place
-        self.feed = CommitFeed(mailbox, run, node_id, emit, latest, self.head, self._deliver)
+        self.feed = CommitFeed(mailbox, run, node_id, emit, latest, self.head, self._deliver, clock.now)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"slowlink-{node_id}", daemon=True)
 
@@ -208,10 +208,11 @@ class Courier:
         # commits); between, a follower probes the next commit of each fragment a contribution awaits.
         if now - self._head_read_at >= self.beat_seconds:
             self._head_read_at = now
-            self.feed.poll_head()
+            self.feed.poll_head(None if self.leadership.is_leader else self.sent)
         elif not self.leadership.is_leader:
             for fragment in sorted(awaiting & set(self.sent)):
-                self.feed.catch_up(fragment, awaited=self.sent)
+                if self.feed.due(fragment):
+                    self.feed.catch_up(fragment, awaited=self.sent)
         if now - self.leases.beaten_at >= self.beat_seconds:
             self._beat_lease()
         if self._leases_wanted.is_set() or now - self.leases.observed_at >= self.observe_seconds:
@@ -266,6 +267,7 @@ class Courier:
         data, record = item.prepared
         # Awaited from before the PUT: if it lands with its answer lost, the commit naming it is ours.
         self.sent[item.fragment] = (round_, record["blob"])
+        self.feed.sent(item.fragment)
         self._news = True
         self.own_norms.sent(item.fragment, record["norm"], item.steps)
         self.mailbox.put(keys.contribution(item.fragment, round_, self.node_id), data)
