@@ -95,11 +95,11 @@ def test_the_checks_pair_two_lives_contributing_to_one_round_by_their_payload():
 
 
 def test_the_checks_count_a_record_that_landed_with_its_answer_lost_as_merged_for_its_node():
-    # node-0's PUT of its record for fragment 0 round 1 landed but failed, so it never logged sending it;
+    # node-0's PUT of its contribution to fragment 0 round 1 landed but failed, so it never logged sending it;
     # commit 0/1 counts its 20 steps. They are the node's merged steps, unless it was told they missed.
     progress = {"kind": "progress", "step": 20}
     lost = {"kind": "mailbox_error", "message": "injected failure (Faulty, seed 1): PUT rounds/0000/0000000001/"
-            "node-0.json failed after the store applied it; its answer was lost"}  # fmt: skip
+            "node-0.delta failed after the store applied it; its answer was lost"}  # fmt: skip
     late = {"kind": "contribution_late", "data": {"fragment": 0, "round": 1, "steps": 20}}
     commits = {(0, 1): {"contributors": [{"node": "node-0", "steps": 20}]}}
     for events, failures in (([progress, lost], 0), ([progress, lost, late], 1)):

@@ -21,7 +21,7 @@ from slowlink.mailbox.memory import MemoryMailbox
 from slowlink.protocol import run as run_module
 from slowlink.protocol.chain import newest_params
 from slowlink.protocol.courier import Courier, NodeStatus
-from slowlink.protocol.run import Run, open_run, read_head
+from slowlink.protocol.run import Run, newest_versions, open_run
 
 FRAGMENTS = 2
 SCHEMA = [
@@ -184,7 +184,7 @@ class Node:
             self._parked.release()
 
     def _join(self) -> None:
-        """What Session.__enter__ does: join the run, read head.json and the newest commits, make a Courier."""
+        """What Session.__enter__ does: join the run, read head.json, probe past it, read the newest commits, make a Courier."""
         algorithm, mailbox = self.world.algorithm, self.mailbox
         run, _ = open_run(
             mailbox,
@@ -194,7 +194,7 @@ class Node:
             plan=algorithm.plan(SCHEMA),
             initial=list,  # never called: the run exists
         )
-        versions, _ = read_head(mailbox, FRAGMENTS)
+        versions = newest_versions(mailbox, FRAGMENTS)
         latest = {q: newest_params(mailbox, run, q, version) for q, version in enumerate(versions)}
         courier = Courier(
             mailbox,

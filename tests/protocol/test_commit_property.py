@@ -12,43 +12,41 @@ from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from slowlink.algorithms.diloco import DiLoCo
+from slowlink.errors import PayloadError
 from slowlink.mailbox.faulty import Faulty
-from slowlink.protocol import keys, records
-from slowlink.protocol.run import Run, read_head
+from slowlink.protocol import contribution, keys, records
+from slowlink.protocol.run import Run, newest_versions
 from slowlink.wire import payload
 
 from .lockstep import FRAGMENTS, LEASE, SCHEMA, Ledger, Node, World, create_run
 
 NODE_IDS = ("a", "b", "c")
-ROGUE_KINDS = ("stale_base", "nan_payload", "missing_payload", "misplaced")
+ROGUE_KINDS = ("stale_base", "nan_payload", "truncated", "misplaced")
 _COMMIT_KEY = re.compile(r"^commits/(\d{4})/(\d{10})\.json$")
 
 
 def write_rogue_contribution(world: World, fragment: int, kind: str) -> None:
     """A contribution to the fragment's next round that no merger may accept, written straight to the store
-    as a buggy or hostile peer would: built on another version, holding NaN, naming a payload that is not
-    there, or naming another round than the one it sits in."""
-    round_ = read_head(world.ledger, FRAGMENTS)[0][fragment] + 1
+    as a buggy or hostile peer would: built on another version, holding NaN, cut short, or naming another
+    round than the one it sits in."""
+    round_ = newest_versions(world.ledger, FRAGMENTS)[fragment] + 1
     shapes = {name: shape for name, shape, _ in SCHEMA}
     fill = np.nan if kind == "nan_payload" else 0.1  # the size of an honest Δ: no outlier by its norm
     values = {name: np.full(shapes[name], fill, np.float32) for name in world.run.plan[fragment]}
-    data = raw_payload(values, world.run.expect(kind="delta", fragment=fragment, round=round_, node="rogue"))
-    sha = payload.digest(data)
-    if kind != "missing_payload":
-        world.ledger.put(keys.contribution_payload(fragment, round_, "rogue", sha), data)
-    record = {
-        "node": "rogue",
-        "fragment": fragment,
-        "round": round_ + 1 if kind == "misplaced" else round_,
+    claims = {
         "base": round_ - 2 if kind == "stale_base" else round_ - 1,
-        "blob": sha,
         "samples": world.new_samples(),
         "steps": 1,
         "final": False,
         "step_seconds": 0.5,
         "norm": 0.1 * float(np.sqrt(sum(v.size for v in values.values()))),
     }
-    world.ledger.put(keys.contribution(fragment, round_, "rogue"), records.encode(record))
+    named = round_ + 1 if kind == "misplaced" else round_
+    header = contribution.header(world.run, fragment, named, "rogue", claims)
+    data = raw_payload(values, header)
+    world.ledger.put(
+        keys.contribution(fragment, round_, "rogue"), data[: len(data) // 2] if kind == "truncated" else data
+    )
 
 
 def raw_payload(arrays: dict, header: dict) -> bytes:
@@ -117,9 +115,23 @@ def replay_writes(ledger: Ledger) -> History:
             present.discard(key)
             continue
         present.add(key)
-        if key.startswith("blobs/") or (key.startswith(keys.ROUNDS) and not key.endswith(".json")):
-            assert payload.digest(data) == key.rsplit("/", 1)[1].rsplit(".", 1)[-1], f"{key}: not its digest"
+        if key.startswith("blobs/"):
+            assert payload.digest(data) == key.rsplit("/", 1)[1], f"{key}: not its digest"
             history.blobs[key] = data
+        elif parsed := keys.parse_contribution(key):
+            sha = payload.digest(data)
+            history.blobs[f"{key}#{sha}"] = data  # a key a node may write again (a retry, a later life)
+            try:
+                header = payload.read_header(data)
+                claims = json.loads(header["claims"])
+            except (PayloadError, KeyError, ValueError):
+                continue  # a rogue's object cut short: no merger may name it
+            where = {
+                "node": header["node"],
+                "fragment": int(header["fragment"]),
+                "round": int(header["round"]),
+            }
+            history.contributions.setdefault(parsed, []).append((index, claims | where | {"blob": sha}))
         elif match := _COMMIT_KEY.match(key):
             fragment, round_ = int(match.group(1)), int(match.group(2))
             # The heart of it: a second write applied to a commit key would be a second commit of the round.
@@ -135,8 +147,6 @@ def replay_writes(ledger: Ledger) -> History:
             assert all(v == 0 or (q, v) in history.commits for q, v in enumerate(versions)), f"{versions}"
             assert needed_by(versions, history) <= present, f"head.json {versions} names deleted blobs"
             head = versions
-        elif parsed := keys.parse_contribution(key):
-            history.contributions.setdefault(parsed, []).append((index, json.loads(data)))
     return history
 
 
@@ -245,9 +255,9 @@ def check_outer_step(world: World, history: History, commit: dict, named: list[d
 
 def load(run: Run, history: History, kind: str, fragment: int, round_: int, sha: str, node: str = "") -> dict:
     """A payload ever written, checked as the protocol checks it: digest, run, kind, fragment, round (and
-    node, for a contribution's Δ, which sits beside its record rather than under blobs/)."""
+    node, for a contribution's Δ, which sits in its round's folder rather than under blobs/)."""
     if kind == "delta":
-        key, expect = keys.contribution_payload(fragment, round_, node, sha), {"node": node}
+        key, expect = f"{keys.contribution(fragment, round_, node)}#{sha}", {"node": node}
     else:
         key, expect = keys.blob(sha), {}
     expect = run.expect(kind=kind, fragment=fragment, round=round_, **expect)

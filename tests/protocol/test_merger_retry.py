@@ -7,7 +7,7 @@ import pytest
 from slowlink.algorithms.diloco import DiLoCo
 from slowlink.errors import MailboxUnavailable
 from slowlink.mailbox.memory import MemoryMailbox
-from slowlink.protocol import keys, records
+from slowlink.protocol import contribution, keys
 from slowlink.protocol.merger import Merger
 from slowlink.protocol.run import get_blob, open_run, read_commit
 from slowlink.wire import payload
@@ -28,12 +28,18 @@ class FailsNextBlob(MemoryMailbox):
 def contribute(mailbox, run, round_: int, delta: float) -> None:
     """Node n's contribution to fragment 0: Δ = θ_anchor − θ_local = `delta`."""
     values = {"w": np.array([delta], np.float32)}
-    data = payload.pack(values, run.expect(kind="delta", fragment=0, round=round_, node="n"))
-    sha = payload.digest(data)
-    mailbox.put(keys.contribution_payload(0, round_, "n", sha), data)
-    record = {"node": "n", "fragment": 0, "round": round_, "base": round_ - 1, "blob": sha, "samples": 1,
-              "steps": 1, "final": False, "step_seconds": 0.1, "norm": abs(delta)}  # fmt: skip
-    mailbox.put(keys.contribution(0, round_, "n"), records.encode(record))
+    claims = {
+        "base": round_ - 1,
+        "samples": 1,
+        "steps": 1,
+        "final": False,
+        "step_seconds": 0.1,
+        "norm": abs(delta),
+    }
+    mailbox.put(
+        keys.contribution(0, round_, "n"),
+        payload.pack(values, contribution.header(run, 0, round_, "n", claims)),
+    )
 
 
 def test_a_round_retried_after_a_failed_write_applies_the_outer_momentum_once():

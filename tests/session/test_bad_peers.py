@@ -9,25 +9,29 @@ import pytest
 import torch
 
 import slowlink as sl
-from slowlink.protocol import keys, records
+from slowlink.protocol import contribution, keys, records
 from slowlink.protocol.run import read_commit, read_run
-from slowlink.wire import payload
 
 from .nodes import batches, sgd_step, tiny_mlp
 from .test_nothing_lost import raw_payload, shapes
 
 
 def plant(mailbox, node: str, arrays: dict, *, round_: int = 1, header: dict | None = None, norm: float = 0.0,
-          record_round: int | None = None) -> None:  # fmt: skip
+          record_round: int | None = None, samples: int = 4) -> None:  # fmt: skip
     """Write a contribution to fragment 0 as a (bad) node would, bypassing every check of the encoder."""
     run = read_run(mailbox)
-    data = raw_payload(arrays, header or run.expect(kind="delta", fragment=0, round=round_, node=node))
-    sha = payload.digest(data)
-    mailbox.put(keys.contribution_payload(0, round_, node, sha), data)
     recorded = round_ if record_round is None else record_round
-    record = {"node": node, "fragment": 0, "round": recorded, "base": recorded - 1, "blob": sha, "samples": 4,
-              "steps": 2, "final": False, "step_seconds": 0.01, "norm": norm}  # fmt: skip
-    mailbox.put(keys.contribution(0, round_, node), records.encode(record))
+    claims = {
+        "base": recorded - 1,
+        "samples": samples,
+        "steps": 2,
+        "final": False,
+        "step_seconds": 0.01,
+        "norm": norm,
+    }
+    where = header or run.expect(kind="delta", fragment=0, round=recorded, node=node)
+    data = raw_payload(arrays, where | {contribution.CLAIMS: records.encode(claims).decode()})
+    mailbox.put(keys.contribution(0, round_, node), data)
 
 
 def honest_round_with(bad, **options) -> tuple[dict, list[torch.nn.Module], sl.MemoryMailbox]:

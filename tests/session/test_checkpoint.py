@@ -19,7 +19,7 @@ from safetensors.numpy import save_file
 import slowlink as sl
 from slowlink.errors import MailboxUnavailable
 from slowlink.protocol import keys
-from slowlink.protocol.run import read_commit, read_head, read_run
+from slowlink.protocol.run import newest_versions, read_commit, read_head, read_run
 
 from .nodes import batches, sgd_step, tiny_mlp
 
@@ -184,7 +184,7 @@ def test_a_contribution_in_flight_at_the_save_and_committed_before_the_restart_i
     train(a, model, 0, 8)
     sl.checkpoint.save(path, a)  # fragment 0's contribution is in flight, two steps behind
     gate.refused = ()
-    wait_for(lambda: read_head(mailbox, 2)[0][0] == 1, "round 1 of fragment 0")
+    wait_for(lambda: newest_versions(mailbox, 2)[0] == 1, "round 1 of fragment 0")
     crash(a, gate)  # the commit was never applied by the node
     resume_and_finish(mailbox, path, TAU, expect_step=8)
     assert_like_an_uninterrupted_node(mailbox, a.plan)

@@ -1,5 +1,6 @@
 """Bad input gets a clear error that names the thing and the fix, and changes nothing."""
 
+import json
 import threading
 import time
 
@@ -67,6 +68,23 @@ def test_joining_with_another_algorithm_configuration_names_each_differing_optio
         with sl.Session(tiny_mlp(), algorithm=sl.DiLoCo(sync_every=10, mixing=0.5), mailbox=mailbox):
             pass
     assert listing(mailbox) == before
+
+
+def test_joining_a_run_of_another_protocol_names_both_and_the_fix_and_changes_nothing():
+    from slowlink.protocol import keys, records
+
+    mailbox = sl.MemoryMailbox()
+    start_run(mailbox, sl.DiLoCo(sync_every=5))
+    old = json.loads(mailbox.get(keys.RUN).data) | {"format": "slowlink-run-1"}  # what slowlink 1 wrote
+    mailbox.put(keys.RUN, records.encode(old))
+    before, model = listing(mailbox), tiny_mlp()
+    untouched = params(model)
+    with pytest.raises(sl.RunConfigMismatch, match=r"protocol 'slowlink-run-1', but this node speaks "
+                       r"'slowlink-run-2'.*same protocol.*new prefix"):  # fmt: skip
+        with sl.Session(model, algorithm=sl.DiLoCo(sync_every=5), mailbox=mailbox):
+            pass
+    assert listing(mailbox) == before
+    assert all(torch.equal(a, b) for a, b in zip(untouched, params(model), strict=True))
 
 
 def test_a_mailbox_directory_that_cannot_be_written_is_refused_and_the_model_is_untouched(tmp_path):

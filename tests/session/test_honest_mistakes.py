@@ -14,7 +14,7 @@ import torch
 
 import slowlink as sl
 from slowlink.protocol import keys, records
-from slowlink.protocol.run import read_commit, read_head
+from slowlink.protocol.run import newest_versions, read_commit
 
 from .nodes import batches, run_nodes, sgd_step, tiny_mlp
 
@@ -58,7 +58,7 @@ def test_a_join_whose_newest_parameters_blob_is_gone_starts_from_an_older_commit
     thread.start()
     assert done.wait(30)
     time.sleep(0.2)  # its last round commits
-    newest = read_head(mailbox, 1)[0][0]
+    [newest] = newest_versions(mailbox, 1)
     mailbox.delete([keys.blob(read_commit(mailbox, 0, newest)["params"])])
     model = tiny_mlp(seed=5)
     with sl.Session(
@@ -79,7 +79,7 @@ def test_a_join_with_no_kept_parameters_left_says_what_to_do():
     mailbox = sl.MemoryMailbox()
     algorithm = sl.DiLoCo(sync_every=1)
     run_nodes(1, algorithm, mailbox, 40)
-    newest = read_head(mailbox, 1)[0][0]
+    [newest] = newest_versions(mailbox, 1)
     assert newest >= 5  # so that the kept commits do not reach back to the initial model, always kept
     mailbox.delete([keys.blob(read_commit(mailbox, 0, r)["params"]) for r in range(newest - 3, newest + 1)])
     with pytest.raises(sl.PayloadError, match="join again, or restore the missing blobs"):

@@ -9,7 +9,8 @@ import torch
 import slowlink as sl
 from slowlink.errors import MailboxUnavailable
 from slowlink.events import Event
-from slowlink.protocol import keys, records
+from slowlink.protocol import contribution, keys
+from slowlink.protocol import merger as merger_module
 from slowlink.protocol.merger import Merger
 from slowlink.protocol.run import open_run, read_commit, read_head
 from slowlink.wire import payload
@@ -33,7 +34,7 @@ class FailOnce(sl.MemoryMailbox):
         return super().put(key, data, if_absent=if_absent, if_match=if_match)
 
 
-def test_a_contribution_whose_record_landed_with_its_answer_lost_counts_once():
+def test_a_contribution_whose_put_landed_with_its_answer_lost_counts_once():
     mailbox = FailOnce(lambda key: key == keys.contribution(0, 1, "n"), applied=True)
     model, replica = tiny_mlp(), tiny_mlp()
     # One node, outer lr 1, no momentum: every commit is the node's own model, so a step counted twice shows.
@@ -53,17 +54,20 @@ SCHEMA = [("w", (4,), "float32")]
 
 
 def plant(mailbox, run, node: str, value: float) -> None:
-    data = payload.pack(
-        {"w": np.full(4, value, np.float32)}, run.expect(kind="delta", fragment=0, round=1, node=node)
-    )
-    sha = payload.digest(data)
-    mailbox.put(keys.contribution_payload(0, 1, node, sha), data)
-    record = {"node": node, "fragment": 0, "round": 1, "base": 0, "blob": sha, "samples": 1, "steps": 1,
-              "final": False, "step_seconds": 0.01, "norm": 2.0 * abs(value)}  # fmt: skip
-    mailbox.put(keys.contribution(0, 1, node), records.encode(record))
+    claims = {
+        "base": 0,
+        "samples": 1,
+        "steps": 1,
+        "final": False,
+        "step_seconds": 0.01,
+        "norm": 2.0 * abs(value),
+    }
+    header = contribution.header(run, 0, 1, node, claims)
+    mailbox.put(keys.contribution(0, 1, node), payload.pack({"w": np.full(4, value, np.float32)}, header))
 
 
-def test_a_commit_whose_head_update_failed_is_adopted_though_the_round_now_holds_more():
+def test_a_commit_whose_head_update_failed_is_adopted_though_the_round_now_holds_more(monkeypatch):
+    monkeypatch.setattr(merger_module, "HEAD_EVERY", 1)  # head.json names every commit: its move can fail
     mailbox = FailOnce(lambda key: key == keys.HEAD, applied=False)
     algorithm = sl.DiLoCo(sync_every=1, outer_lr=1.0, outer_momentum=0.0, grace_seconds=0.0)
     initial = {"w": np.zeros(4, np.float32)}
@@ -99,7 +103,8 @@ class FailGetOnce(sl.MemoryMailbox):
         return super().get(key, if_none_match=if_none_match, max_bytes=max_bytes)
 
 
-def test_a_failed_read_while_learning_a_contributions_fate_loses_neither_the_commit_nor_the_fate():
+def test_a_failed_read_while_learning_a_contributions_fate_loses_neither_the_commit_nor_the_fate(monkeypatch):
+    monkeypatch.setattr(merger_module, "HEAD_EVERY", 1)  # head.json names commit 2: n goes straight to it
     from slowlink.protocol.courier import Courier, NodeStatus
 
     mailbox = FailGetOnce()
@@ -111,14 +116,9 @@ def test_a_failed_read_while_learning_a_contributions_fate_loses_neither_the_com
     plant(mailbox, run, "n", 1.0)  # node n's round-1 contribution, merged into commit 1
     [first] = merger.step({0: (0, initial)}, lambda fresh: {"n"}, [0])
     mine = first.record["contributors"][0]["blob"]
-    data = payload.pack(
-        {"w": np.full(4, 2.0, np.float32)}, run.expect(kind="delta", fragment=0, round=2, node="m")
-    )
-    sha = payload.digest(data)
-    mailbox.put(keys.contribution_payload(0, 2, "m", sha), data)
-    mailbox.put(keys.contribution(0, 2, "m"), records.encode(
-        {"node": "m", "fragment": 0, "round": 2, "base": 1, "blob": sha, "samples": 1, "steps": 1, "final": False,
-         "step_seconds": 0.01, "norm": 4.0}))  # fmt: skip
+    claims = {"base": 1, "samples": 1, "steps": 1, "final": False, "step_seconds": 0.01, "norm": 4.0}
+    header = contribution.header(run, 0, 2, "m", claims)
+    mailbox.put(keys.contribution(0, 2, "m"), payload.pack({"w": np.full(4, 2.0, np.float32)}, header))
     merger.step({0: (1, first.params)}, lambda fresh: {"m"}, [1])
     # Node n saw neither commit: it still holds version 0 and awaits its round-1 contribution's fate.
     courier = Courier(mailbox, run, algorithm, "n", {0: (0, initial)}, emit=lambda event: None,
@@ -127,9 +127,9 @@ def test_a_failed_read_while_learning_a_contributions_fate_loses_neither_the_com
     courier.sent[0] = (1, mine)
     mailbox.armed = keys.commit(0, 1)  # reading commit 1 (the fate) fails once, after commit 2 was fetched
     with pytest.raises(MailboxUnavailable):
-        courier._poll_head()
+        courier.feed.poll_head(courier.sent)
     assert courier.latest[0][0] == 0 and courier.inbox.empty() and courier.sent == {0: (1, mine)}
-    courier._poll_head()  # the next turn delivers it whole
+    courier.feed.poll_head(courier.sent)  # the next turn delivers it whole
     alignment = courier.inbox.get_nowait()
     assert (alignment.version, alignment.mine) == (2, "merged")
     assert courier.latest[0][0] == 2 and courier.sent == {}

@@ -12,7 +12,6 @@ import numpy as np
 import slowlink as sl
 from slowlink.protocol import keys, records
 from slowlink.protocol.run import read_commit, read_run
-from slowlink.wire import payload
 
 from .nodes import batches, sgd_step, tiny_mlp
 from .test_nothing_lost import raw_payload, shapes
@@ -20,36 +19,41 @@ from .test_nothing_lost import raw_payload, shapes
 DEEP = "[" * 100_000 + "]" * 100_000  # 200 kB of nesting: RecursionError in json.loads
 
 
-def contribution(run, node: str, round_: int, arrays: dict, **record) -> tuple[bytes, dict]:
-    data = raw_payload(arrays, run.expect(kind="delta", fragment=0, round=round_, node=node))
-    fields = {"node": node, "fragment": 0, "round": round_, "base": round_ - 1, "blob": payload.digest(data),
-              "samples": 4, "steps": 2, "final": False, "step_seconds": 0.01, "norm": 0.0}  # fmt: skip
-    return data, fields | record
+CLAIMS = {"base": 0, "samples": 4, "steps": 2, "final": False, "step_seconds": 0.01, "norm": 0.0}
+
+
+def contribution(run, node: str, round_: int, arrays: dict, claims: bytes | None = None) -> bytes:
+    """A contribution's object, with `claims` (JSON text) in its header as they are, good or bad."""
+    text = (claims or records.encode(CLAIMS | {"base": round_ - 1})).decode()
+    return raw_payload(
+        arrays, run.expect(kind="delta", fragment=0, round=round_, node=node) | {"claims": text}
+    )
 
 
 def plant_everything(store, run, round_: int) -> set[str]:
     """Every trigger, aimed at `round_`; returns the node ids of the bad contributions."""
     zeros = {name: np.zeros(shape, np.float32) for name, shape in shapes(run).items()}
-    bad = {}
-    data, record = contribution(run, "nested", round_, zeros)
-    bad["nested"] = (data, records.encode(record)[:-1] + b',"deep":' + DEEP.encode() + b"}")
-    data, record = contribution(run, "huge-samples", round_, zeros)
-    bad["huge-samples"] = (data, records.encode(record).replace(b'"samples":4', b'"samples":1' + b"0" * 400))
-    leading = {name: values[None] for name, values in zeros.items()}  # an extra leading dimension
-    data, record = contribution(run, "leading", round_, leading)
-    bad["leading"] = (data, records.encode(record))
+    good = records.encode(CLAIMS | {"base": round_ - 1})
+    bad = {
+        "nested": contribution(run, "nested", round_, zeros, good[:-1] + b',"deep":' + DEEP.encode() + b"}"),
+        "huge-samples": contribution(
+            run, "huge-samples", round_, zeros, good.replace(b'"samples":4', b'"samples":1' + b"0" * 400)
+        ),
+        # an extra leading dimension
+        "leading": contribution(
+            run, "leading", round_, {name: values[None] for name, values in zeros.items()}
+        ),
+    }
     for node, shapes_value in (("shapes-list", "[1, 2]"), ("shapes-int", "7")):
-        data, record = contribution(run, node, round_, zeros)
+        data = contribution(run, node, round_, zeros)
         length = int.from_bytes(data[:8], "little")
         header = json.loads(data[8 : 8 + length])
         header["__metadata__"]["shapes"] = shapes_value
         text = json.dumps(header).encode()
         text += b" " * (-len(text) % 8)
-        data = len(text).to_bytes(8, "little") + text + data[8 + length :]
-        bad[node] = (data, records.encode(record | {"blob": payload.digest(data)}))
-    for node, (data, body) in bad.items():
-        store.put(keys.contribution_payload(0, round_, node, payload.digest(data)), data)
-        store.put(keys.contribution(0, round_, node), body)
+        bad[node] = len(text).to_bytes(8, "little") + text + data[8 + length :]
+    for node, data in bad.items():
+        store.put(keys.contribution(0, round_, node), data)
     return set(bad)
 
 

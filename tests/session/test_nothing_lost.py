@@ -10,7 +10,7 @@ import torch
 from safetensors.numpy import save
 
 import slowlink as sl
-from slowlink.protocol import keys, records
+from slowlink.protocol import contribution, keys
 from slowlink.protocol.run import read_commit, read_run
 from slowlink.wire import payload
 
@@ -20,12 +20,16 @@ from .nodes import batches, sgd_step, tiny_mlp
 def plant_contribution(mailbox, node, arrays_for, *, round_=1, fragment=0, samples=4):
     """Write a contribution as another node would, with whatever values `arrays_for(plan)` gives."""
     run = read_run(mailbox)
-    data = raw_payload(arrays_for(run), run.expect(kind="delta", fragment=fragment, round=round_, node=node))
-    sha = payload.digest(data)
-    mailbox.put(keys.contribution_payload(fragment, round_, node, sha), data)
-    record = {"node": node, "fragment": fragment, "round": round_, "base": round_ - 1, "blob": sha,
-              "samples": samples, "steps": 2, "final": False, "step_seconds": 0.01, "norm": 0.0}  # fmt: skip
-    mailbox.put(keys.contribution(fragment, round_, node), records.encode(record))
+    claims = {
+        "base": round_ - 1,
+        "samples": samples,
+        "steps": 2,
+        "final": False,
+        "step_seconds": 0.01,
+        "norm": 0.0,
+    }
+    header = contribution.header(run, fragment, round_, node, claims)
+    mailbox.put(keys.contribution(fragment, round_, node), raw_payload(arrays_for(run), header))
 
 
 def raw_payload(arrays, header):
@@ -71,18 +75,18 @@ def test_a_bad_contribution_is_rejected_with_its_reason_and_the_round_commits_wi
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_a_record_that_is_not_json_is_rejected_and_recorded():
+def test_a_contribution_that_is_not_a_payload_is_rejected_and_recorded():
     mailbox = sl.MemoryMailbox()
     model = tiny_mlp()
     with sl.Session(model, algorithm=sl.DiLoCo(sync_every=2, overlap_steps=0), mailbox=mailbox, node_id="good",
                     poll_seconds=0.005) as session:  # fmt: skip
-        mailbox.put(keys.contribution(0, 1, "junk"), b"\x80not json")
+        mailbox.put(keys.contribution(0, 1, "junk"), b"\x80not a payload")
         for batch in batches(0, 2):
             sgd_step(model, batch, 0.1)
             session.step(samples=4)
     record = read_commit(mailbox, 0, 1)
-    assert record["rejected"] == [{"node": "junk", "reason": "rounds/0000/0000000001/junk.json is not valid JSON: "
-                                   "'utf-8' codec can't decode byte 0x80 in position 0: invalid start byte"}]  # fmt: skip
+    reason = "payload header claims 8079564523522977408 bytes but only 6 follow: truncated"
+    assert record["rejected"] == [{"node": "junk", "reason": reason}]
 
 
 def test_steps_trained_after_the_last_sync_are_counted_as_dropped_or_published_with_flush_on_close():

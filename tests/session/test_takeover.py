@@ -6,7 +6,7 @@ import time
 import torch
 
 import slowlink as sl
-from slowlink.protocol.run import read_commit, read_head
+from slowlink.protocol.run import newest_versions, read_commit
 
 from .nodes import batches, sgd_step, tiny_mlp
 
@@ -42,12 +42,12 @@ def test_a_crashed_merger_is_replaced_within_one_lease_plus_one_round():
             time.sleep(0.01)  # a round takes two steps: about 30 ms here
 
     crashed = False
-    train_both(lambda: sum(read_head(mailbox, 2)[0]) >= 6)
+    train_both(lambda: sum(newest_versions(mailbox, 2)) >= 6)
     assert merger.stats.is_leader and survivor.stats.rounds_merged == 0
     crashed, crashed_at = True, time.monotonic()
     crash(merger)
-    versions = read_head(mailbox, 2)[0]
-    train_both(lambda: read_head(mailbox, 2)[0] != versions)
+    versions = newest_versions(mailbox, 2)
+    train_both(lambda: newest_versions(mailbox, 2) != versions)
     took = time.monotonic() - crashed_at
     print(f"next commit {took:.2f} s after the merger crashed (lease {LEASE} s)")
     round_seconds = 1.0  # two steps and a few polls, with room for a busy machine
@@ -57,7 +57,7 @@ def test_a_crashed_merger_is_replaced_within_one_lease_plus_one_round():
     train_both(lambda: survivor.stats.rounds_merged >= 4)  # and it keeps merging
     survivor.__exit__(None, None, None)
     merger.__exit__(None, None, None)
-    final = read_head(mailbox, 2)[0]
+    final = newest_versions(mailbox, 2)
     for fragment in range(2):  # commit records are the history: one unbroken sequence, whoever merged
         records = [read_commit(mailbox, fragment, r) for r in range(1, final[fragment] + 1)]
         assert all(record is not None for record in records)

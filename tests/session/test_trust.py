@@ -9,10 +9,9 @@ import pytest
 import torch
 
 import slowlink as sl
-from slowlink.protocol import keys, records
+from slowlink.protocol import contribution, keys, records
 from slowlink.protocol.run import read_commit, read_head, read_run
 from slowlink.protocol.trust import RunKey, Signed
-from slowlink.wire import payload
 
 from .nodes import batches, run_nodes, sgd_step, tiny_mlp
 from .test_nothing_lost import raw_payload, shapes
@@ -33,7 +32,12 @@ def signed_view(mailbox, key: str = KEY) -> Signed:
 
 def signed_here(mailbox, key: str, body: bytes) -> bytes:
     """`body` signed with the run's key and bound to this mailbox's run, as its nodes sign it."""
-    return RunKey(KEY).sign(key, body, signed_view(mailbox).run_id)
+    run_id = signed_view(mailbox).run_id
+    return (
+        RunKey(KEY).sign_payload(key, body, run_id)
+        if key.endswith(".delta")
+        else RunKey(KEY).sign(key, body, run_id)
+    )
 
 
 def test_a_signed_run_trains_and_every_record_in_the_store_is_signed():
@@ -95,30 +99,25 @@ def test_a_short_key_is_refused_naming_how_to_make_one():
 
 
 def plant(mailbox, node: str, write, *, round_: int = 1, at_round: int | None = None) -> None:
-    """A contribution of zeros to fragment 0 whose record `write(mailbox, key, body)` stores as it likes."""
+    """A contribution of zeros to fragment 0, which `write(mailbox, key, data)` stores as it likes."""
     run = read_run(signed_view(mailbox))
     arrays = {name: np.zeros(shape, np.float32) for name, shape in shapes(run).items()}
-    data = raw_payload(arrays, run.expect(kind="delta", fragment=0, round=round_, node=node))
-    sha = payload.digest(data)
-    mailbox.put(keys.contribution_payload(0, round_, node, sha), data)
-    record = {"node": node, "fragment": 0, "round": round_, "base": round_ - 1, "blob": sha, "samples": 4,
-              "steps": 2, "final": False, "step_seconds": 0.01, "norm": 0.0}  # fmt: skip
-    write(
-        mailbox, keys.contribution(0, round_ if at_round is None else at_round, node), records.encode(record)
-    )
+    claims = {"base": round_ - 1, "samples": 4, "steps": 2, "final": False, "step_seconds": 0.01, "norm": 0.0}
+    data = raw_payload(arrays, contribution.header(run, 0, round_, node, claims))
+    write(mailbox, keys.contribution(0, round_ if at_round is None else at_round, node), data)
 
 
 FORGERIES = {
     "unsigned": (lambda mailbox, key, body: mailbox.put(key, body), "unsigned"),
     "signed with another key": (
         lambda mailbox, key, body: mailbox.put(
-            key, RunKey(OTHER_KEY).sign(key, body, signed_view(mailbox).run_id)
+            key, RunKey(OTHER_KEY).sign_payload(key, body, signed_view(mailbox).run_id)
         ),
         "signed with run key",
     ),
     "altered after signing": (
         lambda mailbox, key, body: mailbox.put(
-            key, signed_here(mailbox, key, body).replace(b'"samples":4', b'"samples":9')
+            key, signed_here(mailbox, key, body).replace(b'\\"samples\\":4', b'\\"samples\\":9')
         ),
         "forged signature",
     ),

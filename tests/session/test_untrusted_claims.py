@@ -58,11 +58,7 @@ def test_a_node_claiming_a_trillion_samples_does_not_buy_the_round(merge):
         # A Δ as large as an honest one (so under every norm limit), claiming 10¹² samples.
         arrays = {name: np.full(shape, 0.05, np.float32) for name, shape in shapes(run).items()}
         evil.update(arrays)
-        plant(mailbox, "evil", arrays, norm=0.0)
-        record = mailbox.get("rounds/0000/0000000001/evil.json").data.replace(
-            b'"samples":4', b'"samples":1000000000000'
-        )
-        mailbox.put("rounds/0000/0000000001/evil.json", record)
+        plant(mailbox, "evil", arrays, norm=0.0, samples=10**12)
 
     record, models = one_honest_round(bad, merge=merge)
     contributors = {c["node"]: c for c in record["contributors"]}
@@ -78,11 +74,7 @@ def test_a_node_claiming_a_trillion_samples_does_not_buy_the_round(merge):
 
 def test_samples_beyond_any_count_are_rejected_and_the_model_stays_finite():
     def bad(mailbox, run):
-        plant(mailbox, "evil", zeros(run, 0.01))
-        record = mailbox.get("rounds/0000/0000000001/evil.json").data.replace(
-            b'"samples":4', b'"samples":' + b"1" * 40
-        )
-        mailbox.put("rounds/0000/0000000001/evil.json", record)
+        plant(mailbox, "evil", zeros(run, 0.01), samples=int("1" * 40))
 
     record, models = one_honest_round(bad)
     assert [c["node"] for c in record["contributors"]] == ["good-0"]

@@ -12,7 +12,7 @@ from ..engine.channel import Contribution
 from ..engine.node import Outgoing
 from ..events import Event
 from ..frameworks.base import on_device_of
-from ..protocol import keys, records
+from ..protocol import contribution, keys
 from ..protocol.run import read_commit
 from ..session import Session
 
@@ -52,7 +52,7 @@ def plan_fragment(session: Session, q: int, entry: dict, arrays: Arrays, saved_s
         before_reset = flight.get("before_reset") is True
         record = read_commit(mailbox, q, r)
         if record is None:
-            stored = stored_contribution(mailbox, q, r, node)
+            stored = stored_contribution(session, q, r)
             restored = Flight(
                 r, flight["snapshot_step"], flight["steps"], flight["samples"], None, before_reset
             )
@@ -74,7 +74,7 @@ def plan_fragment(session: Session, q: int, entry: dict, arrays: Arrays, saved_s
     for round_ in range(settled + 1, settled + 1 + SCAN_ROUNDS):
         record = read_commit(mailbox, q, round_)
         if record is None:
-            later = stored_contribution(mailbox, q, round_, node)
+            later = stored_contribution(session, q, round_)
             if later is None:
                 break
             ghost = Flight(round_, saved_step, steps, samples)
@@ -89,13 +89,13 @@ def plan_fragment(session: Session, q: int, entry: dict, arrays: Arrays, saved_s
     return Resume(q, delta, steps, samples, residual, told=told.removesuffix("; ") or "nothing in flight")
 
 
-def stored_contribution(mailbox, q: int, round_: int, node: str) -> dict | None:
+def stored_contribution(session: Session, q: int, round_: int) -> dict | None:
     """This node's contribution record for the round, as the store holds it (from any life of the node)."""
-    key = keys.contribution(q, round_, node)
-    found = mailbox.get(key, max_bytes=records.READ_LIMIT)
+    run, node = session.run, session.node_id
+    found = session.mailbox.get(keys.contribution(q, round_, node), max_bytes=run.max_payload_bytes(q))
     if found is None or found.data is None:
         return None
-    return records.decode(found.data, records.CONTRIBUTION_FIELDS, what=key)
+    return contribution.read(found.data, run, q, round_, node)
 
 
 def apply(session: Session, header: dict, resumes: list[Resume]) -> None:

@@ -25,9 +25,7 @@ class Contribution:
     samples: int
     final: bool
     step_seconds: float
-    prepared: tuple[bytes, str, float] | None = (
-        None  # (payload, sha256, norm) once encoded: a retry resends them
-    )
+    prepared: tuple[bytes, dict] | None = None  # (payload, its record) once encoded: a retry resends them
 
 
 @dataclass(frozen=True)

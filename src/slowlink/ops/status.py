@@ -18,10 +18,12 @@ from ..errors import PayloadError
 from ..mailbox.contract import Listing, Mailbox, Object
 from ..mailbox.metered import Metered
 from ..protocol import keys, records
-from ..protocol.run import read_commit, read_head, read_run
+from ..protocol.run import HEAD_EVERY, read_commit, read_head, read_run
 from ..protocol.summary import read_summary
 
-HEAD_PROBES = 3  # commits looked for past the one head.json names (a merger may have died in between)
+# Commits looked for past the one head.json names: it lags by fewer than HEAD_EVERY, and a merger may
+# have died before naming its newest.
+HEAD_PROBES = HEAD_EVERY + 2
 STALL_FACTOR = 5.0  # a gap between commits this many times the median gap is a stall
 MIN_STALL_SECONDS = 2.0
 

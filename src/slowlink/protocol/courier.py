@@ -1,8 +1,8 @@
 """The mailbox channel: a node's communication thread, everything a session does with the mailbox after
 joining (engine/channel.py is the interface it offers the driver).
 
-Each turn it uploads queued contributions, polls head.json with a conditional GET and fetches new
-commits, beats its lease, watches or renews the leadership, and, when it leads, tries to close each
+Each turn it uploads queued contributions, probes for the commits its contributions await (follow.py:
+head.json, a hint, once a beat), beats its lease, watches or renews the leadership, and, when it leads, tries to close each
 fragment's next round. Turns come every poll_seconds while a round this node takes part in is open, a few
 times less often otherwise; the lease is beaten a few times per lease, the leases and leader.json are read
 every couple of seconds only where they are needed. It talks to the training thread through two queues
@@ -25,14 +25,14 @@ from ..mailbox.contract import Mailbox
 from ..wire import payload
 from ..wire.compress import compress
 from ..wire.fragment import HostBuffer, encode_fragment
-from . import keys, records
-from .chain import apply_change, params_at
+from . import contribution, keys
+from .follow import CommitFeed
 from .leader import Leadership
 from .leases import Leases
 from .leases import beat_seconds as beat_interval
 from .merger import Merger
 from .own_norms import OwnNorms
-from .run import Run, advance_head, probe_newest, read_commit, read_head
+from .run import Run, advance_head, probe_newest, read_commit
 
 BACKOFF = 1.25  # each turn without news waits this much longer: news is seen late by at most a quarter
 WATCH_SECONDS = 2.0  # how stale the leases may be for closing a round early, or leader.json for one waiting
@@ -95,8 +95,8 @@ class Courier:
         self.sent: dict[int, tuple[int, str]] = {}
         self.own_norms = OwnNorms(method.rounds(len(run.plan)).max_norm_ratio)  # refuses a Δ far beyond them
         self._unsent: Contribution | None = None  # an upload that failed, tried again on the next turn
-        self.head = [version for version, _ in (latest[q] for q in range(len(run.plan)))]
-        self._head_etag: str | None = None
+        self.head = [version for version, _ in (latest[q] for q in range(len(run.plan)))]  # moved in place
+        self.feed = CommitFeed(mailbox, run, node_id, emit, latest, self.head, self._deliver, clock.now)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"slowlink-{node_id}", daemon=True)
 
@@ -105,7 +105,7 @@ class Courier:
         return len(self.run.plan)
 
     def start(self) -> None:
-        self._started_at = self.clock.now()
+        self._started_at = self._head_read_at = self.clock.now()  # joining read head.json a moment ago
         self._beat_lease()
         self.leases.observe(sweep=self.leadership.is_leader)
         self._thread.start()
@@ -128,7 +128,7 @@ class Courier:
             interrupted = error
         leaving = [self.leadership.release, lambda: self.mailbox.delete([keys.node(self.node_id)])]
         if self.leadership.is_leader and interrupted is None:  # first, a commit head.json does not name yet
-            leaving[:0] = [self._recover_head, lambda: self.merger.housekeeping.tidy(self.head)]
+            leaving[:0] = [self._recover_head, lambda: self.merger.leave(list(self.head))]
         for part in leaving:  # each its own chance: nobody should wait a lease for a node that left
             try:
                 part()
@@ -201,12 +201,18 @@ class Courier:
     def turn(self) -> None:
         """One pass of the communication loop (also called directly by tests)."""
         self._news = False
+        awaiting = set(self.sent)  # before this turn's uploads: a contribution just sent has no commit yet
         self._send_contributions()
         now = self.clock.now()
-        # The merger writes head.json itself: it reads it once a beat, to notice another merger's commits.
-        if not self.leadership.is_leader or now - self._head_read_at >= self.beat_seconds:
+        # Once a beat head.json and every fragment's next commit (the merger: to notice another merger's
+        # commits); between, a follower probes the next commit of each fragment a contribution awaits.
+        if now - self._head_read_at >= self.beat_seconds:
             self._head_read_at = now
-            self._poll_head()
+            self.feed.poll_head(None if self.leadership.is_leader else self.sent)
+        elif not self.leadership.is_leader:
+            for fragment in sorted(awaiting & set(self.sent)):
+                if self.feed.due(fragment):
+                    self.feed.catch_up(fragment, awaited=self.sent)
         if now - self.leases.beaten_at >= self.beat_seconds:
             self._beat_lease()
         if self._leases_wanted.is_set() or now - self.leases.observed_at >= self.observe_seconds:
@@ -258,33 +264,21 @@ class Courier:
             item.prepared = self._prepare(item, round_)
             if item.prepared is None:
                 return  # refused: never published
-        data, sha, norm = item.prepared
-        record = {
-            "node": self.node_id,
-            "fragment": item.fragment,
-            "round": round_,
-            "base": item.base,
-            "blob": sha,
-            "samples": item.samples,
-            "steps": item.steps,
-            "final": item.final,
-            "step_seconds": item.step_seconds,
-            "norm": norm,
-        }
-        # Awaited from before the record's PUT: if it lands with its answer lost, the commit naming it is ours.
-        self.sent[item.fragment] = (round_, sha)
+        data, record = item.prepared
+        # Awaited from before the PUT: if it lands with its answer lost, the commit naming it is ours.
+        self.sent[item.fragment] = (round_, record["blob"])
+        self.feed.sent(item.fragment)
         self._news = True
-        self.own_norms.sent(item.fragment, norm, item.steps)
-        self.mailbox.put(keys.contribution_payload(item.fragment, round_, self.node_id, sha), data)
-        self.mailbox.put(keys.contribution(item.fragment, round_, self.node_id), records.encode(record))
+        self.own_norms.sent(item.fragment, record["norm"], item.steps)
+        self.mailbox.put(keys.contribution(item.fragment, round_, self.node_id), data)
         if self.leadership.is_leader:  # it merges this round itself: no need to read back what it wrote
             self.merger.remember_own(record, data)
         self.emit(Event("contribution_sent", self.node_id,
                         f"fragment {item.fragment} round {round_}: {item.steps} steps, {len(data)} bytes",
                         {"fragment": item.fragment, "round": round_, "step": item.step, "steps": item.steps,
-                         "bytes": len(data), "blob": sha}))  # fmt: skip
+                         "bytes": len(data), "blob": record["blob"]}))  # fmt: skip
 
-    def _prepare(self, item: Contribution, round_: int) -> tuple[bytes, str, float] | None:
+    def _prepare(self, item: Contribution, round_: int) -> tuple[bytes, dict] | None:
         # Δ = θ_anchor − θ_local in the snapshot's own buffers, where they are (the model's device), here on
         # the communication thread: no second copy of the fragment. The snapshot is the node's record of the
         # contribution too: it holds Δ from now on.
@@ -299,14 +293,17 @@ class Courier:
                             "steps": item.steps, "reason": reason}))  # fmt: skip
             self.inbox.put(Refused(item.fragment, round_, reason))  # the training thread raises it
             return None
-        header = self.run.expect(kind="delta", fragment=item.fragment, round=round_, node=self.node_id)
+        claims = {"base": item.base, "samples": item.samples, "steps": item.steps, "final": item.final,
+                  "step_seconds": item.step_seconds, "norm": norm}  # fmt: skip
+        header = contribution.header(self.run, item.fragment, round_, self.node_id, claims)
         try:
             data = self._encode(item.fragment, delta, header)
         except PayloadError as error:  # raised in the training thread by the next session.step()
             raise TrainingDiverged(
                 f"fragment {item.fragment}'s contribution after local step {item.step} cannot be sent: {error}"
             ) from None
-        return data, payload.digest(data), norm
+        where = {"node": self.node_id, "fragment": item.fragment, "round": round_}
+        return data, claims | where | {"blob": payload.digest(data)}
 
     def _encode(self, fragment: int, delta: Arrays, header: dict) -> bytes:
         # On the model's device where the encoding allows it: then only the encoded bytes come to host.
@@ -316,38 +313,6 @@ class Courier:
             self.residual_in_flight[fragment] = residual
         data = payload.pack_encoded(encoded, header, encoding=self.encoding)
         return compress(data) if self.compression == "zstd" else data
-
-    def _poll_head(self) -> None:
-        try:
-            versions, self._head_etag = read_head(self.mailbox, self.fragments, etag=self._head_etag)
-        except PayloadError as error:  # the merger rewrites it from the commits; until then, go on without it
-            self.emit(Event("mailbox_error", self.node_id, str(error), {"error": "PayloadError"}))
-            versions = None
-        if versions is not None:
-            self.head = [max(old, new) for old, new in zip(self.head, versions, strict=True)]
-        for fragment in range(self.fragments):
-            if self.head[fragment] > self.latest[fragment][0]:
-                try:
-                    self._fetch_commit(fragment, self.head[fragment])
-                except PayloadError as error:  # this fragment waits for a readable commit; the others go on
-                    self.emit(Event("mailbox_error", self.node_id, str(error), {"error": "PayloadError"}))
-
-    def _fetch_commit(self, fragment: int, version: int) -> None:
-        record = read_commit(self.mailbox, fragment, version)
-        if record is None:
-            raise PayloadError(f"{keys.commit(fragment, version)} is missing though head.json names it")
-        held_version, held = self.latest[fragment]
-        params = None
-        if record["change"] is not None and held_version == version - 1:
-            try:  # the light way: the held parameters plus the commit's small change
-                params = apply_change(self.mailbox, self.run, fragment, version, held, record)
-            except PayloadError as error:
-                self.emit(Event("commit_change_refused", self.node_id,
-                                f"fragment {fragment} round {version}: {error}; rebuilding it from the newest snapshot",
-                                {"fragment": fragment, "round": version, "reason": str(error)}))  # fmt: skip
-        if params is None:
-            params = params_at(self.mailbox, self.run, fragment, version, record)
-        self._deliver(fragment, version, params, record)
 
     def _deliver(self, fragment: int, version: int, params: Arrays, record: dict) -> None:
         # The fate first: it may read the store, and if that fails nothing has changed, so the next turn
@@ -387,9 +352,8 @@ class Courier:
         for fragment in range(self.fragments):
             round_ = probe_newest(self.mailbox, fragment, self.head[fragment])
             if round_ > self.head[fragment]:
-                advance_head(self.mailbox, list(self.head), fragment, round_)
-                self.head[fragment] = round_
-                self._fetch_commit(fragment, round_)
+                self.merger.head_written = advance_head(self.mailbox, list(self.head), fragment, round_)
+                self.feed.fetch(fragment, round_)
 
     def _merge(self) -> None:
         # Only fragments whose newest commit this node holds: it builds on nothing older.

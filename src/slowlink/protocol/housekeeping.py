@@ -10,7 +10,7 @@ from ..events import Event
 from ..mailbox.contract import Listing, Mailbox
 from . import keys
 from .commits import chain_garbage
-from .run import KEEP_COMMITS, MAX_CHAIN, read_commit
+from .run import HEAD_EVERY, KEEP_COMMITS, MAX_CHAIN, read_commit
 from .summary import Landed, record_commits
 
 TIDY_SECONDS = 10.0  # how often the summary is folded and the garbage deleted
@@ -30,6 +30,7 @@ class Housekeeping:
         self.landed: list[Landed] = []  # commits written and not yet in summary.json
         self.garbage: set[str] = set()  # keys to delete on the next tidy
         self.payload_bytes: dict[tuple[int, int, str], int] = {}  # (fragment, round, node) -> payload size
+        self.kept_from: dict[int, int] = {}  # fragment -> the oldest commit kept whole, as last collected
         self._tidied_at = clock()
 
     def merged_rounds(self, listing: Iterable[Listing], head: list[int]) -> None:
@@ -40,8 +41,10 @@ class Housekeeping:
             if folder is not None and folder[0] < len(head) and folder[1] < head[folder[0]]:
                 self.garbage.add(item.key)
 
-    def committed(self, fragment: int, round_: int, record: dict, blob_bytes: int) -> None:
-        """A commit written: remember it for the summary and the blobs it makes garbage; tidy if due."""
+    def committed(self, fragment: int, round_: int, record: dict, blob_bytes: int, named: int) -> None:
+        """A commit written: remember it for the summary and the blobs it makes garbage; tidy if due.
+        named: the commit of this fragment head.json names, as this node last wrote or read it (head.json
+        only moves forward, so that commit or a newer one): it stays whole too, for a joiner that reads it."""
         measured = {
             key[2]: self.payload_bytes.pop(key)
             for key in list(self.payload_bytes)
@@ -50,12 +53,25 @@ class Housekeeping:
         sizes = {c["node"]: measured[c["node"]] for c in record["contributors"] if c["node"] in measured}
         self.landed.append(Landed(record, self.mailbox.clock(), sizes, blob_bytes))
         self.records[(fragment, round_)] = record
-        self.garbage.update(chain_garbage(fragment, round_, lambda old: self.record(fragment, old)))
+        self.collect(fragment, round_, named)
         for key in [
             key for key in self.records if key[0] == fragment and key[1] < round_ - KEEP_COMMITS - MAX_CHAIN
         ]:
             del self.records[key]
         self.tidy()
+
+    def collect(self, fragment: int, newest: int, named: int) -> None:
+        """Note the blobs no kept commit needs: the newest KEEP_COMMITS commits stay whole, and so does the
+        one head.json names (`named`) and those after it, each with the chain back to its snapshot."""
+        oldest_kept = min(newest - KEEP_COMMITS + 1, named)
+        # From where the last collection stopped (head.json moves several commits at once), within reason: a
+        # merger that finds itself far behind leaves the older garbage, as a new merger does.
+        start = max(self.kept_from.get(fragment, oldest_kept - 1), oldest_kept - 2 * HEAD_EVERY)
+        for kept in range(start + 1, oldest_kept + 1):
+            self.garbage.update(
+                chain_garbage(fragment, kept + KEEP_COMMITS - 1, lambda old: self.record(fragment, old))
+            )
+        self.kept_from[fragment] = max(start, oldest_kept)
 
     def record(self, fragment: int, round_: int) -> dict | None:
         """A commit record of this fragment: from memory if this node wrote or read it, else from the store."""

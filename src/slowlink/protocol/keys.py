@@ -1,13 +1,12 @@
 """Where everything of a run lives in its mailbox. Numbers are fixed-width so byte order is numeric order.
 
 run.json                                  create-once: configuration, schema, plan, initial blobs
-head.json                                 newest commit per fragment, moved forward by compare-and-swap
+head.json                                 a hint: newest commits every few, moved forward by compare-and-swap
 leader.json                               the merging node, renewed by compare-and-swap
 nodes/<node>.json                         a node's lease: overwritten every beat
 blobs/<sha256>                            immutable payloads, written before any record names them
-rounds/<fragment>/<round>/<node>.json     contributions to a round; only the merger lists them
-rounds/<fragment>/<round>/<node>.<sha256> a contribution's payload, beside its record so a round's
-                                          folder is dropped whole once it is merged
+rounds/<fragment>/<round>/<node>.delta    a contribution: its payload, claims in the header (contribution.py);
+                                          a round's folder is dropped whole once it is merged
 commits/<fragment>/<round>.json           create-once: the commit point and the run's history
 """
 
@@ -43,11 +42,11 @@ def round_folder(fragment: int, round_: int) -> str:
     return f"{ROUNDS}{fragment:04d}/{round_:010d}/"
 
 
-_CONTRIBUTION = re.compile(r"^rounds/(\d{4})/(\d{10})/([a-z0-9][a-z0-9_-]{0,63})\.json$")
+_CONTRIBUTION = re.compile(r"^rounds/(\d{4})/(\d{10})/([a-z0-9][a-z0-9_-]{0,63})\.delta$")
 
 
 def parse_contribution(key: str) -> tuple[int, int, str] | None:
-    """(fragment, round, node) of a contribution record's key; None for payloads and anything else."""
+    """(fragment, round, node) of a contribution's key; None for anything else."""
     match = _CONTRIBUTION.match(key)
     return (int(match.group(1)), int(match.group(2)), match.group(3)) if match else None
 
@@ -56,17 +55,13 @@ _ROUND_KEY = re.compile(r"^rounds/(\d{4})/(\d{10})/")
 
 
 def round_of(key: str) -> tuple[int, int] | None:
-    """(fragment, round) of any key in a round's folder, records and payloads alike."""
+    """(fragment, round) of any key in a round's folder, contributions and anything else written there."""
     match = _ROUND_KEY.match(key)
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def contribution(fragment: int, round_: int, node_id: str) -> str:
-    return f"{round_folder(fragment, round_)}{node_id}.json"
-
-
-def contribution_payload(fragment: int, round_: int, node_id: str, sha256: str) -> str:
-    return f"{round_folder(fragment, round_)}{node_id}.{sha256}"
+    return f"{round_folder(fragment, round_)}{node_id}.delta"
 
 
 def commit(fragment: int, round_: int) -> str:

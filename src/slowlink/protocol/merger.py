@@ -24,15 +24,16 @@ from ..errors import PayloadError
 from ..events import Event
 from ..mailbox.contract import Mailbox
 from ..wire import payload
-from . import keys, records
+from . import contribution, keys
 from .chain import newest_snapshot
 from .commits import CommitWriter
 from .housekeeping import Housekeeping
-from .run import Run, Written, advance_head, get_blob, read_commit
+from .run import HEAD_EVERY, Run, Written, advance_head, get_blob, read_commit
 
 HISTORY = 16  # recent norms per fragment and samples per step per node kept for judging later rounds
 MAX_CLAIM_RATIO = 4.0  # how far a node's reported samples per step may exceed the others' (bounded_claims)
 STEP_CAP_ROUNDS = 16  # a Δ counts as spanning at most this many rounds of steps, carried ones included
+HELD = 4  # contributions of a round kept as read for the merge; the others are read again when it closes
 
 
 @dataclass
@@ -43,6 +44,7 @@ class OpenRound:
     quorum_at: float | None = None
     norms: dict[str, float] = field(default_factory=dict)  # node -> ‖Δ‖ measured from its payload
     steps: dict[str, int] = field(default_factory=dict)  # node -> the steps its Δ is taken to span (bounded)
+    held: dict[str, bytes] = field(default_factory=dict)  # node -> its object as read, up to HELD of them
 
 
 @dataclass(frozen=True)
@@ -92,21 +94,19 @@ class Merger:
         head: the newest commit of every fragment this node has read and checked.
         """
         self.head = head
-        records_by_round: dict[tuple[int, int], list[str]] = {}
+        nodes_by_round: dict[tuple[int, int], list[str]] = {}
         listing = self.mailbox.list(keys.ROUNDS)
         self.housekeeping.merged_rounds(listing, head)
         for item in listing:
             parsed = keys.parse_contribution(item.key)
             if parsed is not None:
-                records_by_round.setdefault(parsed[:2], []).append(item.key)
+                nodes_by_round.setdefault(parsed[:2], []).append(parsed[2])
         committed = []
         for fragment, (version, anchor) in sorted(versions.items()):
             current = self.open.get(fragment)
             if current is None or current.round != version + 1:
                 current = self.open[fragment] = OpenRound(version + 1)
-            self._read_new_contributions(
-                fragment, current, records_by_round.get((fragment, current.round), [])
-            )
+            self._read_new_contributions(fragment, current, nodes_by_round.get((fragment, current.round), []))
             if (
                 self._ready(current, live_nodes)
                 and (done := self._commit(fragment, current, anchor, live_nodes(False))) is not None
@@ -114,24 +114,48 @@ class Merger:
                 committed.append(done)
         return committed
 
+    def move_head(self, known: list[int], every: int | None = None) -> None:
+        """Name the newest commits in head.json once one fragment is `every` (HEAD_EVERY) commits past what
+        it names (every=1: now, as when leaving): a hint, so one PUT every few commits, not one per commit."""
+        every = HEAD_EVERY if every is None else every
+        named = self.head_written[0] if self.head_written is not None else [0] * len(known)
+        fragment = max(range(len(known)), key=lambda q: known[q] - named[q])
+        if known[fragment] - named[fragment] >= every:
+            self.head_written = advance_head(
+                self.mailbox, known, fragment, known[fragment], self.head_written
+            )
+
+    def leave(self, head: list[int]) -> None:
+        """Before this merger leaves: name its newest commits in head.json, and delete what that frees."""
+        self.move_head(head, every=1)
+        if self.head_written is not None:
+            for fragment, newest in enumerate(head):
+                self.housekeeping.collect(fragment, newest, self.head_written[0][fragment])
+        self.housekeeping.tidy(head)
+
     def remember_own(self, record: dict, data: bytes) -> None:
         """This node's contribution, as it wrote it to the store: the merge reads it from here."""
         self.own[(record["fragment"], record["round"])] = (record, data)
 
-    def _read_new_contributions(self, fragment: int, current: OpenRound, record_keys: list[str]) -> None:
-        for key in record_keys:
-            node = key.rsplit("/", 1)[1].removesuffix(".json")
+    def _read_new_contributions(self, fragment: int, current: OpenRound, nodes: list[str]) -> None:
+        for node in nodes:
             if node in current.accepted or node in current.rejected:
                 continue
             try:
                 own = self.own.get((fragment, current.round)) if node == self.node_id else None
                 if own is not None:
                     record = own[0]
-                else:  # with a run key, an unsigned or forged record fails here
-                    found = self.mailbox.get(key, max_bytes=records.READ_LIMIT)
+                else:  # with a run key, an unsigned or forged contribution fails here
+                    key, limit = (
+                        keys.contribution(fragment, current.round, node),
+                        self.run.max_payload_bytes(fragment),
+                    )
+                    found = self.mailbox.get(key, max_bytes=limit)
                     if found is None or found.data is None:
                         continue
-                    record = records.decode(found.data, records.CONTRIBUTION_FIELDS, what=key)
+                    record = contribution.read(found.data, self.run, fragment, current.round, node)
+                    if len(current.held) < HELD:
+                        current.held[node] = found.data
                 self._judge(record, node, fragment, current.round)
             except PayloadError as error:
                 self._reject(current, node, str(error))
@@ -191,7 +215,7 @@ class Merger:
         history = list(self.recent_norms.get(fragment, ()))
         for node, record in sorted(current.accepted.items()):
             try:
-                delta = self._load_contribution(fragment, current.round, node, record["blob"])
+                delta = self._load_contribution(fragment, current, node, record["blob"])
                 current.norms[node] = norm = l2_norm(self.run.judged(delta))
                 self._judge_norm(node, norm, reported, history, anchor_norm, current.steps[node])
             except PayloadError as error:
@@ -200,13 +224,13 @@ class Merger:
             yield delta, weights[node]
             del delta
 
-    def _load_contribution(self, fragment: int, round_: int, node: str, sha: str) -> Arrays:
-        limit = self.run.max_payload_bytes(fragment)
+    def _load_contribution(self, fragment: int, current: OpenRound, node: str, sha: str) -> Arrays:
+        limit, round_ = self.run.max_payload_bytes(fragment), current.round
         own = self.own.get((fragment, round_)) if node == self.node_id else None
         if own is not None and own[0]["blob"] == sha:
             data = own[1]
-        else:
-            found = self.mailbox.get(keys.contribution_payload(fragment, round_, node, sha), max_bytes=limit)
+        elif (data := current.held.pop(node, None)) is None:  # read again: a later life may have replaced it
+            found = self.mailbox.get(keys.contribution(fragment, round_, node), max_bytes=limit)
             if found is None or found.data is None:
                 raise PayloadError("its payload is missing from the mailbox")
             data = found.data
@@ -332,9 +356,9 @@ class Merger:
         if written is None:
             return None  # that commit is the round's; this node fetches it like any other
         params, record, blob_bytes = written
-        self.head_written = advance_head(
-            self.mailbox, list(self.head), fragment, current.round, self.head_written
-        )
+        known = list(self.head)
+        known[fragment] = current.round
+        self.move_head(known)
         self.outer_states[fragment] = (current.round, state)
         self._remember(fragment, record["contributors"])
         self.emit(Event("round_merged", self.node_id,
@@ -342,7 +366,8 @@ class Merger:
                         + (f", {len(current.rejected)} rejected" if current.rejected else ""),
                         {"fragment": fragment, "round": current.round, "contributors": sorted(accepted),
                          "rejected": dict(current.rejected)}))  # fmt: skip
-        self.housekeeping.committed(fragment, current.round, record, blob_bytes)
+        named = self.head_written[0][fragment] if self.head_written is not None else 0
+        self.housekeeping.committed(fragment, current.round, record, blob_bytes, named)
         del self.open[fragment]
         for key in [key for key in self.own if key[0] == fragment and key[1] <= current.round]:
             del self.own[key]

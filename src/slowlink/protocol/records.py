@@ -212,12 +212,10 @@ LEASE_FIELDS = {
     "host": Omittable(Text()),  # the machine and process writing it: a restart on the same machine
     "pid": Omittable(COUNT),  # knows at once whether the process it replaces is gone
 }
-CONTRIBUTION_FIELDS = {
-    "node": NODE,
-    "fragment": COUNT,
-    "round": COUNT,
+# What a contribution claims, in its payload's header (protocol/contribution.py): where it sits (node,
+# fragment, round) is its key, and its digest is what commits name it by.
+CLAIM_FIELDS = {
     "base": COUNT,
-    "blob": SHA256,
     "samples": COUNT,
     "steps": COUNT,
     "final": bool,

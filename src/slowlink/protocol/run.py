@@ -20,10 +20,13 @@ from ..wire import payload
 from . import keys, records
 from .trust import ENVIRONMENT_VARIABLE
 
-FORMAT = "slowlink-run-1"
+FORMAT = "slowlink-run-2"  # 2: a contribution is one object, head.json a hint (docs/DESIGN-NOTES.md)
 KEEP_COMMITS = 3  # the newest commits stay whole (with their chains), so joiners and new leaders find no hole
 MAX_CHAIN = 128  # changes a reader applies after a snapshot at the most; a merger snapshots far more often
 JOIN_ATTEMPTS = 5  # a joiner may race garbage collection of the commit it read; it then reads head again
+# head.json is a hint: the merger moves it once a fragment is this many commits past what it names, and
+# readers probe the commit keys after it, so it lags by fewer than HEAD_EVERY commits per fragment.
+HEAD_EVERY = 4
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,12 @@ def read_run(mailbox: Mailbox) -> Run | None:
         return None
     record = records.decode(found.data, records.RUN_FIELDS | {"run_id": str}, what=keys.RUN)
     records.check_run(record, keys.RUN)
+    if record["format"] != FORMAT and record["format"].startswith("slowlink-run-"):
+        raise RunConfigMismatch(
+            f"{keys.RUN} was written by a slowlink of protocol {record['format']!r}, but this node speaks "
+            f"{FORMAT!r}: every node of a run needs a slowlink of the same protocol. Run this node with the "
+            "slowlink that created the run, or start a new run under a new prefix"
+        )
     if record["format"] != FORMAT:
         raise PayloadError(f"{keys.RUN} has format {record['format']!r}; this slowlink reads {FORMAT!r}")
     schema = [(name, tuple(shape), dtype) for name, shape, dtype in record["schema"]]
@@ -213,10 +222,10 @@ def advance_head(
     head.json (forged, unsigned, garbled) is rewritten from `known` and the readable commits after them,
     never from a listing of commit keys, which anyone who can write to the store could fill with junk."""
     if last is not None and last[1] is not None:
-        versions = [max(mine, theirs) for mine, theirs in zip(last[0], known, strict=True)]
-        if versions[fragment] >= round_:
+        if last[0][fragment] >= round_:
             return last
-        versions[fragment] = round_
+        versions = [max(mine, theirs) for mine, theirs in zip(last[0], known, strict=True)]
+        versions[fragment] = max(versions[fragment], round_)
         try:
             return versions, mailbox.put(keys.HEAD, records.encode({"versions": versions}), if_match=last[1])
         except PreconditionFailed:
@@ -232,6 +241,7 @@ def advance_head(
         assert versions is not None
         if versions[fragment] >= round_ and not rebuilt:
             return versions, etag
+        versions = [max(theirs, mine) for theirs, mine in zip(versions, known, strict=True)]
         versions[fragment] = max(versions[fragment], round_)
         try:
             data = records.encode({"versions": versions})
@@ -270,11 +280,18 @@ def read_commit(mailbox: Mailbox, fragment: int, round_: int) -> dict | None:
 
 
 def probe_newest(mailbox: Mailbox, fragment: int, version: int) -> int:
-    """`version`, or a newer commit found by probing the keys after it: a merger may have died between
-    writing a commit and naming it in head.json. A junk or unverifiable record at a key counts as absent."""
+    """`version`, or a newer commit found by probing the keys after it: head.json names a commit only every
+    few (HEAD_EVERY), and a merger may die before naming one. A junk or unverifiable record counts as absent."""
     while _commit_readable(mailbox, fragment, version + 1):
         version += 1
     return version
+
+
+def newest_versions(mailbox: Mailbox, fragments: int) -> list[int]:
+    """Each fragment's newest readable commit: head.json's hint, then a probe of the keys after it."""
+    versions, _ = read_head(mailbox, fragments)
+    assert versions is not None
+    return [probe_newest(mailbox, q, version) for q, version in enumerate(versions)]
 
 
 def search_newest(mailbox: Mailbox, fragment: int) -> int:

@@ -157,7 +157,9 @@ def read_summary(mailbox: Mailbox, fragments: int) -> tuple[dict | None, str | N
 def _sizes(mailbox: Mailbox, record: dict) -> tuple[dict[str, int], int]:
     """The contributors' payload sizes (one LIST of the round's folder) and the commit's blob sizes."""
     fragment, round_ = record["fragment"], record["round"]
-    blobs = {str(c["node"]): f"{keys.round_folder(fragment, round_)}{c['node']}.{c['blob']}" for c in record["contributors"]}  # fmt: skip
+    blobs = {
+        str(c["node"]): keys.contribution(fragment, round_, str(c["node"])) for c in record["contributors"]
+    }
     listed = {listing.key: listing.size for listing in mailbox.list(keys.round_folder(fragment, round_))}
     payload_bytes = {node: listed[key] for node, key in blobs.items() if key in listed}
     commit_bytes = 0

@@ -4,9 +4,10 @@ is unsigned or signed with another key is refused before anyone reads it.
 A record's signature is HMAC-SHA256 over the run's id, its key in the store and its bytes, so a record
 copied to another key (a contribution replayed into a later round) or from another run signed with the same
 key fails too. run.json names the run id itself and is signed under the empty run id; a `Signed` mailbox
-learns its run from the first run.json it verifies or writes. Payloads need no signature of their own:
-every payload is named by its sha256 in a signed record (contributions, commits, run.json), and readers
-check it. The key protects what enters the model; someone who can write to the store can still delete or
+learns its run from the first run.json it verifies or writes. A contribution (`.delta`: a payload whose
+header holds its claims) carries a signature after its bytes, an HMAC over the run's id, its key and its
+sha256; other payloads need none of their own: each is named by its sha256 in a signed record (commits,
+run.json), and readers check it. The key protects what enters the model; someone who can write to the store can still delete or
 stall (docs/robustness.md, "Threat model").
 """
 
@@ -17,6 +18,7 @@ import hmac
 import json
 import os
 import re
+from collections.abc import Callable
 
 from ..errors import ConfigError, PayloadError
 from ..mailbox.contract import Listing, Mailbox, Object
@@ -24,6 +26,10 @@ from ..mailbox.contract import Listing, Mailbox, Object
 ENVIRONMENT_VARIABLE = "SLOWLINK_RUN_KEY"
 # The signature is the record's last field: ,"signature":"<key id>:<hmac>"} — found and cut by position.
 _SIGNATURE = re.compile(rb',"signature":"([0-9a-f]{16}):([0-9a-f]{64})"}$')
+# A signed payload ends with \n#signature:<key id>:<hmac> — found and cut by position too.
+_TRAILER = re.compile(rb"\n#signature:([0-9a-f]{16}):([0-9a-f]{64})$")
+TRAILER_BYTES = 93
+SIGNED_PAYLOAD = ".delta"  # the keys of payloads signed themselves: contributions
 
 
 class RunKey:
@@ -59,23 +65,39 @@ class RunKey:
             raise ValueError(f"only non-empty JSON objects are signed, not {body[:40]!r} at {key}")
         return body[:-1] + f',"signature":"{self.key_id}:{self._mac(run_id, key, body)}"}}'.encode()
 
+    def sign_payload(self, key: str, data: bytes, run_id: str) -> bytes:
+        """The payload `data` with a signature after it, bound to `run_id`, `key` and its sha256."""
+        return data + f"\n#signature:{self.key_id}:{self._payload_mac(run_id, key, data)}".encode()
+
+    def _payload_mac(self, run_id: str, key: str, data: bytes) -> str:
+        return self._mac(run_id, key, hashlib.sha256(data).hexdigest().encode())
+
+    def verify_payload(self, key: str, data: bytes, run_id: str) -> bytes:
+        """The payload as it was signed, without its signature; PayloadError if unsigned or forged."""
+        match = _TRAILER.search(data[-TRAILER_BYTES:])
+        body = data[:-TRAILER_BYTES]
+        return self._check(key, match, lambda: self._payload_mac(run_id, key, body), body)
+
     def verify(self, key: str, data: bytes, run_id: str = "") -> bytes:
         """The record as it was signed, without its signature; PayloadError if unsigned or forged."""
         match = _SIGNATURE.search(data)
+        body = data[: match.start()] + b"}" if match is not None else data
+        return self._check(key, match, lambda: self._mac(run_id, key, body), body)
+
+    def _check(self, key: str, match: re.Match | None, mac_of: Callable[[], str], body: bytes) -> bytes:
         if match is None:
             raise PayloadError(
                 f"{key} is unsigned, though this node checks every record with the run key: it may be forged "
                 "by someone without the key, or written by a node given no run_key (every node of a signed "
                 "run needs the same run_key or SLOWLINK_RUN_KEY); it is treated as absent"
             )
-        body = data[: match.start()] + b"}"
         key_id, mac = match.group(1).decode(), match.group(2).decode()
         if key_id != self.key_id:
             raise PayloadError(
                 f"{key} is signed with run key {key_id}, not this node's {self.key_id}: every node of a run "
                 "needs the same run_key (or SLOWLINK_RUN_KEY)"
             )
-        if not hmac.compare_digest(mac, self._mac(run_id, key, body)):
+        if not hmac.compare_digest(mac, mac_of()):
             raise PayloadError(
                 f"{key} has a forged signature: its bytes, its place or its run differ from what was signed"
             )
@@ -86,7 +108,8 @@ RUN_RECORD = "run.json"  # signed under the empty run id: it is what names the r
 
 
 class Signed:
-    """A mailbox wrapper that signs every record (`.json` key) written and verifies every record read.
+    """A mailbox wrapper that signs every record (`.json` key) and contribution (`.delta`) written and
+    verifies every one read.
 
     Records other than run.json are bound to the run's id, which this wrapper takes from the first run.json
     it writes or verifies; before that, only run.json can be read or written."""
@@ -124,12 +147,19 @@ class Signed:
             if key == RUN_RECORD:
                 self._bind(data)
             return etag
+        if key.endswith(SIGNED_PAYLOAD):
+            data = self.run_key.sign_payload(key, data, self._scope(key))
         return self.inner.put(key, data, if_absent=if_absent, if_match=if_match)
 
     def get(
         self, key: str, *, if_none_match: str | None = None, max_bytes: int | None = None
     ) -> Object | None:
+        signed_payload = key.endswith(SIGNED_PAYLOAD)
+        if signed_payload and max_bytes is not None:
+            max_bytes += TRAILER_BYTES
         found = self.inner.get(key, if_none_match=if_none_match, max_bytes=max_bytes)
+        if signed_payload and found is not None and found.data is not None:
+            return Object(self.run_key.verify_payload(key, found.data, self._scope(key)), found.etag)
         if found is None or found.data is None or not key.endswith(".json"):
             return found
         body = self.run_key.verify(key, found.data, self._scope(key))

@@ -1,0 +1,104 @@
+"""How a node learns of new commits without reading head.json every turn: it probes the key of the next
+commit of each fragment a contribution of its awaits (a missing key is one cheap 404), not before most of
+the time its commits have taken lately, and once a beat reads head.json, a hint that names the newest
+commits only every few (run.HEAD_EVERY), and probes past it where something may be new.
+"""
+
+import statistics
+from collections import deque
+from collections.abc import Callable
+
+from ..arrays import Arrays
+from ..errors import PayloadError
+from ..events import Event
+from ..mailbox.contract import Mailbox
+from . import keys
+from .chain import apply_change, params_at
+from .run import Run, read_commit, read_head
+
+Deliver = Callable[[int, int, Arrays, dict], None]  # (fragment, version, parameters, commit record)
+LATENCY_SHARE = 0.75  # an awaited commit is first looked for this share of its recent latency after sending
+LATENCIES = 5  # recent latencies kept: their median, which one slow round does not move, is the estimate
+
+
+class CommitFeed:
+    def __init__(self, mailbox: Mailbox, run: Run, node_id: str, emit: Callable[[Event], None],
+                 latest: dict[int, tuple[int, Arrays]], head: list[int], deliver: Deliver,
+                 clock: Callable[[], float]) -> None:  # fmt: skip
+        """latest: the commit each fragment holds (the Courier's, moved by `deliver`); head: the newest
+        commit heard of per fragment, held or not, which this feed moves forward in place."""
+        self.mailbox, self.run, self.node_id, self.emit = mailbox, run, node_id, emit
+        self.latest, self.head, self.deliver, self.clock = latest, head, deliver, clock
+        self.head_etag: str | None = None
+        self.sent_at: dict[int, float] = {}  # fragment -> when this node's contribution awaiting it went out
+        self.latencies: deque[float] = deque(maxlen=LATENCIES)  # seconds from sending to finding the commit
+
+    def sent(self, fragment: int) -> None:
+        self.sent_at[fragment] = self.clock()
+
+    def due(self, fragment: int) -> bool:
+        """Whether to look for the commit this node's contribution to `fragment` awaits: not before most of
+        the time such commits have taken lately, so that a round that closes on time costs one GET."""
+        sent_at = self.sent_at.get(fragment)
+        latency = statistics.median(self.latencies) if self.latencies else 0.0
+        return sent_at is None or self.clock() - sent_at >= LATENCY_SHARE * latency
+
+    def poll_head(self, awaited: dict[int, object] | None) -> None:
+        """head.json with a conditional GET, then each fragment: the commit it names, if this node is more
+        than one behind it, and the commits after the newest held, up to the first key not there yet.
+        awaited: this node's contributions awaiting their commits, by fragment (None for the merger, which
+        commits them itself): their fragments are looked at, and all are when none awaits; any other, once
+        head.json names a commit of it newer than the one held (it lags by fewer than HEAD_EVERY)."""
+        try:
+            versions, self.head_etag = read_head(self.mailbox, len(self.head), etag=self.head_etag)
+        except PayloadError as error:  # the merger rewrites it from the commits; until then, go on without it
+            self._failed(error)
+            versions = None
+        if versions is not None:
+            self.head[:] = [max(old, new) for old, new in zip(self.head, versions, strict=True)]
+        for fragment in range(len(self.head)):
+            if self.head[fragment] > self.latest[fragment][0] + 1:  # far behind: straight to the hint
+                try:
+                    self.fetch(fragment, self.head[fragment])
+                except PayloadError as error:  # a hint naming a commit that is not there: probe instead
+                    self._failed(error)
+            if awaited is not None and fragment in awaited:
+                self.catch_up(fragment, awaited)
+            elif awaited == {} or (versions is not None and versions[fragment] > self.latest[fragment][0]):
+                self.catch_up(fragment)
+
+    def catch_up(self, fragment: int, awaited: dict[int, object] | None = None) -> None:
+        """Fetch the commits after the newest held until a key is not there yet; with `awaited` (the
+        contributions awaiting their commit, by fragment), only while `fragment` is in it."""
+        try:
+            while awaited is None or fragment in awaited:
+                version = self.latest[fragment][0] + 1
+                record = read_commit(self.mailbox, fragment, version)
+                if record is None:
+                    return
+                self.fetch(fragment, version, record)
+                if awaited is not None and fragment not in awaited and fragment in self.sent_at:
+                    self.latencies.append(self.clock() - self.sent_at.pop(fragment))
+        except PayloadError as error:  # this fragment waits for a readable commit; the others go on
+            self._failed(error)
+
+    def fetch(self, fragment: int, version: int, record: dict | None = None) -> None:
+        """Rebuild commit `version` of `fragment` (its record, if already read) and deliver it."""
+        if record is None and (record := read_commit(self.mailbox, fragment, version)) is None:
+            raise PayloadError(f"{keys.commit(fragment, version)} is missing though head.json names it")
+        self.head[fragment] = max(self.head[fragment], version)
+        held_version, held = self.latest[fragment]
+        params = None
+        if record["change"] is not None and held_version == version - 1:
+            try:  # the light way: the held parameters plus the commit's small change
+                params = apply_change(self.mailbox, self.run, fragment, version, held, record)
+            except PayloadError as error:
+                self.emit(Event("commit_change_refused", self.node_id,
+                                f"fragment {fragment} round {version}: {error}; rebuilding it from the newest snapshot",
+                                {"fragment": fragment, "round": version, "reason": str(error)}))  # fmt: skip
+        if params is None:
+            params = params_at(self.mailbox, self.run, fragment, version, record)
+        self.deliver(fragment, version, params, record)
+
+    def _failed(self, error: PayloadError) -> None:
+        self.emit(Event("mailbox_error", self.node_id, str(error), {"error": "PayloadError"}))
