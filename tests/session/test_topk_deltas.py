@@ -82,5 +82,6 @@ def test_topk_deltas_commit_their_decoded_mean_and_keep_the_rest_as_residual():
             np.testing.assert_allclose(
                 residuals[i][q][name], truth - sum(d[name] for d in sent[i]), atol=1e-5
             )
-    # each Δ of 4096 float32 values (16 KiB) travels in a payload of about 500 bytes, most of them its header
-    assert max(mailbox.sizes) < 4 * 4096 / 30
+    # each Δ of 4096 float32 values (16 KiB) travels in a payload of about 600 bytes, most of them its header
+    # (the contribution's claims travel in it too: protocol v2, one object per contribution)
+    assert max(mailbox.sizes) < 4 * 4096 / 25
