@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 from ..optim.demo import DeMo
 from .network import Network
-from .run import WorkerReport, _default_loss, _per_worker
+from .run import WorkerReport, _default_loss, _per_worker, seeded_models
 
 
 @dataclass
@@ -64,17 +64,6 @@ def _check(workers, steps, step_seconds, network, options) -> tuple[list[float],
     return _per_worker("step_seconds", step_seconds, workers), network
 
 
-def _models(make_model, workers: int, seed: int) -> list:
-    import torch
-
-    models, caller_rng = [], torch.random.get_rng_state()
-    for _ in range(workers):
-        torch.manual_seed(seed)
-        models.append(make_model())
-    torch.random.set_rng_state(caller_rng)  # the caller's own random stream goes on as if nothing ran
-    return models
-
-
 def run_demo(
     make_model: Callable[[], object],
     batches: Callable[[int, int], object],
@@ -96,7 +85,7 @@ def run_demo(
     values, transform, ...). A step ends for everyone when the slowest worker's payload is in everywhere."""
     speeds, network = _check(workers, steps, step_seconds, network, options)
     loss = loss if loss is not None else _default_loss
-    models = _models(make_model, workers, seed)
+    models = seeded_models(make_model, workers, seed)
     optimizers = [DeMo(model.parameters(), lr, exchange=_Driven(workers), **options) for model in models]
     reports = [WorkerReport(f"node-{w}") for w in range(workers)]
     now, bytes_per_step = 0.0, []

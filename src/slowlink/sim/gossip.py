@@ -20,7 +20,7 @@ from ..frameworks.base import adapter_for
 from ..metrics import l2_consensus
 from .network import Network
 from .peers import SimBoard, SimPeers
-from .run import _per_worker
+from .run import _per_worker, seeded_models
 
 
 @dataclass
@@ -86,7 +86,7 @@ def run_gossip(
     loss = loss if loss is not None else (lambda model, batch: model(*batch))
     optimizer = optimizer if optimizer is not None else (lambda params: torch.optim.AdamW(params, lr=1e-3))
     samples = samples if samples is not None else (lambda batch: len(batch[0]))
-    models = _models(make_model, workers, seed)
+    models = seeded_models(make_model, workers, seed)
     clocks = [VirtualClock() for _ in range(workers)]
     board = SimBoard(network, workers, clocks)
     reports = [GossipWorkerReport(f"node-{i}") for i in range(workers)]
@@ -109,19 +109,6 @@ def run_gossip(
         report.bytes_sent, report.bytes_received = dict(board.sent[i]), dict(board.received[i])
         report.rounds = nodes[i].counters.rounds
     return GossipResult(reports, consensus, models)
-
-
-def _models(make_model: Callable[[], object], workers: int, seed: int) -> list[object]:
-    """Every worker's model, each built after seeding with `seed` (they start alike); the caller's own
-    random stream goes on as if nothing ran."""
-    import torch
-
-    models, caller_rng = [], torch.random.get_rng_state()
-    for _ in range(workers):
-        torch.manual_seed(seed)
-        models.append(make_model())
-    torch.random.set_rng_state(caller_rng)
-    return models
 
 
 @dataclass

@@ -106,11 +106,7 @@ def run(
     loss = loss if loss is not None else _default_loss
     optimizer = optimizer if optimizer is not None else (lambda params: torch.optim.AdamW(params, lr=1e-3))
     samples = samples if samples is not None else (lambda batch: len(batch[0]))
-    models, caller_rng = [], torch.random.get_rng_state()
-    for _ in range(workers):
-        torch.manual_seed(seed)
-        models.append(make_model())
-    torch.random.set_rng_state(caller_rng)  # the caller's own random stream goes on as if nothing ran
+    models = seeded_models(make_model, workers, seed)
     adapters = [adapter_for(model) for model in models]
     plan = method.plan(adapters[0].schema)
     rounds = method.rounds(len(plan))
@@ -133,6 +129,19 @@ def run(
             hub.bytes_received[worker.index],
         )
     return SimResult([worker.report for worker in crew], hub.log, models)
+
+
+def seeded_models(make_model: Callable[[], object], workers: int, seed: int) -> list[object]:
+    """Every worker's model, each built after seeding with `seed` (they start alike); the caller's own
+    random stream goes on as if nothing ran. Every simulator (this one, gossip.py, demo.py) starts so."""
+    import torch
+
+    models, caller_rng = [], torch.random.get_rng_state()
+    for _ in range(workers):
+        torch.manual_seed(seed)
+        models.append(make_model())
+    torch.random.set_rng_state(caller_rng)
+    return models
 
 
 def _schedule(crew: list[_Worker], hub: Hub, batches, loss, samples, steps: int, jitter: float) -> None:
