@@ -69,9 +69,7 @@ def main() -> None:
     print(table)
     if options.no_write or options.only is not None:
         return
-    body = f"""Command: `python benchmarks/decoupled_real.py --repeats {options.repeats}`
-
-Two processes over moto's S3 server on 127.0.0.1, the workload of `s3_requests.py` (an MLP fitting
+    body = f"""Two processes over moto's S3 server on 127.0.0.1, the workload of `s3_requests.py` (an MLP fitting
 sum(sin(x)), 400 steps of 20 ms, `DiLoCo(sync_every=50, fragments=2)`); the held-out MSE of the committed
 model (the newest commits, which the node that left last holds), mean over {options.repeats} repeats; wall: the slower node's, median, against the plain
 loop's in the same kind of process.
