@@ -36,6 +36,8 @@ def measured_rho(nodes: int, trials: int = 3000) -> float:
 
 
 class Quadratic(torch.nn.Module):
+    """½‖w − c‖² with c drawn around OPTIMUM at each step: a noisy quadratic whose optimum is known."""
+
     def __init__(self) -> None:
         super().__init__()
         self.w = torch.nn.Parameter(torch.zeros(D))

@@ -1,6 +1,9 @@
 """Gossip methods in the simulator (sim/gossip.py): the consensus distance orders the variants as the factor
 F = 1 + ρ2/(1−ρ1) predicts (research/algorithms.md §4.3), and virtual time charges only the blocking mix."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -10,24 +13,9 @@ from slowlink.algorithms.noloco import NoLoCo
 from slowlink.sim import Network
 from slowlink.sim.gossip import run_gossip
 
-D = 16
-OPTIMUM = torch.linspace(-1, 1, D)
-
-
-class Quadratic(torch.nn.Module):
-    """½‖w − c‖² with c drawn around OPTIMUM at each step: a noisy quadratic whose optimum is known."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.zeros(D))
-
-    def forward(self, target: torch.Tensor) -> torch.Tensor:
-        return 0.5 * ((self.w - target) ** 2).sum()
-
-
-def noisy(worker: int, step: int) -> tuple[torch.Tensor]:
-    generator = torch.Generator().manual_seed(1000 * worker + step)
-    return (OPTIMUM + torch.randn(D, generator=generator),)
+# The noisy quadratic of benchmarks/gossip_definitions.py, whose figures docs/BENCHMARKS.md keeps: one problem.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from gossip_definitions import OPTIMUM, Quadratic, noisy  # noqa: E402
 
 
 def simulate(method, steps: int = 80, network: Network | None = None):
