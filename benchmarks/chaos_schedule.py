@@ -86,9 +86,8 @@ class Played:
     lives: list[Life] = field(default_factory=list)
     done: list[tuple[float, str, str]] = field(default_factory=list)  # (t, kind, node)
     unfired: list[Action] = field(default_factory=list)
-    commit_times: dict[tuple[int, int], float] = field(default_factory=dict)  # (fragment, round) -> t
-    # When a commit record was first seen beyond head.json: a commit written but not yet named by the head.
-    written_times: dict[tuple[int, int], float] = field(default_factory=dict)
+    # (fragment, round) -> t when the commit record first showed in the store (probed past head.json)
+    commit_times: dict[tuple[int, int], float] = field(default_factory=dict)
     leaders: list[tuple[float, str, int]] = field(default_factory=list)  # (t, node, term) on each change
     wall_origin: float = field(default_factory=time.time)  # time.time() at t=0, to place the logs' times
     seconds: float = 0.0
@@ -169,13 +168,13 @@ class Conductor:
     def watch_store(self, now: float) -> None:
         """Note when each commit and each new leader term first shows in the store."""
         versions, _ = read_head(self.mailbox, self.fragments)
-        for fragment, (old, new) in enumerate(zip(self.head, versions, strict=True)):
-            for round_ in range(old + 1, new + 1):
+        for fragment, (old, named) in enumerate(zip(self.head, versions, strict=True)):
+            newest = max(old, named)  # head.json is a hint every few commits: probe past it, as nodes do
+            while self.mailbox.get(keys.commit(fragment, newest + 1)) is not None:
+                newest += 1
+            for round_ in range(old + 1, newest + 1):
                 self.played.commit_times[fragment, round_] = now
-            self.head[fragment] = max(old, new)
-            beyond = (fragment, self.head[fragment] + 1)
-            if beyond not in self.played.written_times and self.mailbox.get(keys.commit(*beyond)) is not None:
-                self.played.written_times[beyond] = now
+            self.head[fragment] = newest
         self.leader = read_leader(self.mailbox)
         leaders = self.played.leaders
         if self.leader is not None and (not leaders or leaders[-1][1:] != self.leader):

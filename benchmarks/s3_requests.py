@@ -65,17 +65,25 @@ def train(args: dict, out: str) -> None:
     if options.get("merge") == "RDA":
         options["merge"] = sl.RDA()
     algorithm = sl.DiLoCo(sync_every=SYNC_EVERY, fragments=FRAGMENTS, **options)
+    Path(f"{out}.ready").touch()  # torch and slowlink imported, the model built
     while not Path(args["go"]).exists():  # both processes start training together
         time.sleep(0.005)
     started = time.perf_counter()
-    with sl.Session(model, algorithm=algorithm, mailbox=mailbox, node_id=f"node-{args['node']}") as session:
+    # Where the training thread's time beyond the steps goes: joining, session.step(), leaving.
+    session = sl.Session(model, algorithm=algorithm, mailbox=mailbox, node_id=f"node-{args['node']}")
+    with session:
+        joined, in_step = time.perf_counter(), 0.0
         for _ in range(STEPS):
             step()
+            before = time.perf_counter()
             session.step(samples=32)
+            in_step += time.perf_counter() - before
+        leaving = time.perf_counter()
     wall = time.perf_counter() - started
+    spent = {"join": joined - started, "step": in_step, "leave": time.perf_counter() - leaving}
     stats = session.stats
     # After leaving, the node holds the newest commits: the loss is the committed model's.
-    Path(out).write_text(json.dumps({"wall": wall, "counts": dict(session.mailbox.kinds), "merged": stats.rounds_merged,
+    Path(out).write_text(json.dumps({"wall": wall, "spent": spent, "counts": dict(session.mailbox.kinds), "merged": stats.rounds_merged,
                                      "applied": stats.commits_applied, "loss": held_out_loss(),
                                      "versions": list(stats.versions)}))  # fmt: skip
 
@@ -93,13 +101,17 @@ def run_pair(endpoint, folder: str, options: dict | None = None) -> list[dict]:
                 [sys.executable, __file__, "--worker", json.dumps(args), f"{folder}/{node}.json"]
             )
         )
-    time.sleep(3.0)  # both have imported torch and slowlink
+    while not all(Path(f"{folder}/{node}.json.ready").exists() for node in range(2)):
+        if any(proc.poll() not in (None, 0) for proc in procs):
+            raise SystemExit("a worker failed before training")
+        time.sleep(0.01)
     Path(go).touch()
     for proc in procs:
         if proc.wait(timeout=600) != 0:
             raise SystemExit(f"a worker failed with exit code {proc.returncode}")
     results = [json.loads(Path(f"{folder}/{node}.json").read_text()) for node in range(2)]
-    Path(go).unlink()
+    for path in [go, *(f"{folder}/{node}.json.ready" for node in range(2))]:
+        Path(path).unlink()
     return results
 
 
@@ -119,13 +131,22 @@ def main() -> None:
         "--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md as it is"
     )
     options = parser.parse_args()
-    plain_walls, pair_walls, per_round, counts = [], [], [], Counter()
+    plain_walls, pair_walls, per_round, counts, spent = (
+        [],
+        [],
+        [],
+        Counter(),
+        {"join": [], "step": [], "leave": []},
+    )
     with open_s3_endpoint() as endpoint, tempfile.TemporaryDirectory() as folder:
         store = "moto on 127.0.0.1" if endpoint.is_moto else endpoint.url
         for _ in range(options.repeats):
             plain_walls.append(run_plain(folder)["wall"])
             results = run_pair(endpoint, folder)
             pair_walls.append(max(result["wall"] for result in results))
+            slower = max(results, key=lambda result: result["wall"])
+            for part, seconds in slower["spent"].items():
+                spent[part].append(seconds)
             total = Counter()
             for result in results:
                 total.update(result["counts"])
@@ -143,6 +164,8 @@ def main() -> None:
         f"requests per scheduled round {requests:.1f} (target ≤ 8); wall {pair:.2f} s against {plain:.2f} s "
         f"for the plain loop: {100 * (pair / plain - 1):+.1f}% (target within 3%)"
     )
+    waits = ", ".join(f"{part} {statistics.median(seconds):.2f} s" for part, seconds in spent.items())
+    summary += f". The slower node's training thread, beyond its steps: {waits} (medians)"
     print(summary)
     print(markdown_table(["request", "per round"], breakdown))
     if options.no_write:

@@ -96,12 +96,13 @@ def test_status_of_a_run_in_progress_over_s3_matches_each_nodes_own_figures(s3_e
         target = f"s3://{mailbox.bucket}/{mailbox.prefix}"
         with paused_run(2, algorithm, mailbox, steps=16, pause_at=12, lease_seconds=4) as (sessions, _):
             mailbox.delete(["summary.json"])  # the figures from the leases and commits alone
-            status = status_json(capsys, target, "--endpoint-url", s3_endpoint.url, "--observe", "1.5")
+            # A one-off look, without watching: each lease says when it was written (the store's time).
+            status = status_json(capsys, target, "--endpoint-url", s3_endpoint.url, "--observe", "0")
             nodes = {node["node"]: node for node in status["nodes"]}
             assert sorted(nodes) == ["node-0", "node-1"]
             for session in sessions:
                 node, mine = nodes[session.node_id], session.stats
-                assert node["state"] == "live" and node["lease_age"] < 1.5
+                assert node["state"] == "live" and node["lease_age"] < 4  # beaten a quarter lease apart
                 assert (node["step"], node["samples"]) == (mine.step, mine.samples) == (12, 48)
                 assert node["versions"] == held_versions(session) == status["head"]
                 assert node["lag"] == 0 and node["steps_per_second"] > 0
@@ -110,7 +111,7 @@ def test_status_of_a_run_in_progress_over_s3_matches_each_nodes_own_figures(s3_e
             for fragment in status["fragments"]:
                 assert fragment["round"] >= 1 and fragment["merger"] == status["leader"]
                 assert {c["node"] for c in fragment["contributors"]} <= set(nodes)
-            text_status = main(["status", target, "--endpoint-url", s3_endpoint.url, "--observe", "1.5"])
+            text_status = main(["status", target, "--endpoint-url", s3_endpoint.url])
             text = capsys.readouterr().out
             assert text_status == 0 and text.count("live") >= 2 and "(leader)" in text
 
@@ -142,6 +143,20 @@ def test_a_watching_reader_tells_a_silent_lease_from_a_live_one_on_its_own_clock
     assert second["ghost"].state == "silent" and second["alive"].state == "live"
     assert second["alive"].lease_age == 0 and second["alive"].step == 9
     assert second["node-0"].state == "departed"
+
+
+def test_a_one_off_look_tells_a_silent_lease_from_a_live_one_by_the_time_each_was_written():
+    # Leases are beaten only a quarter lease apart: a look cannot wait to see one change. Each says when it
+    # was written, on the store's clock; one not rewritten for a lease is silent.
+    mailbox = sl.MemoryMailbox()
+    _, _ = run_nodes(1, sl.DiLoCo(sync_every=2), mailbox, 4)
+    for name, written in (("ghost", mailbox.clock() - 11), ("alive", mailbox.clock() - 3)):
+        mailbox.put(f"nodes/{name}.json", json.dumps({"node": name, "beat": 1, "step": 7, "samples": 7,
+                                                      "step_seconds": 0.5, "written": written}).encode())  # fmt: skip
+    nodes = {node.node: node for node in StatusReader(mailbox, lease_seconds=10).read().nodes}
+    assert nodes["ghost"].state == "silent" and 11 <= nodes["ghost"].lease_age < 12
+    assert nodes["alive"].state == "live" and 3 <= nodes["alive"].lease_age < 4
+    assert nodes["node-0"].state == "departed"
 
 
 def test_status_of_a_folder_without_a_run_says_what_to_pass(tmp_path, capsys):

@@ -52,6 +52,7 @@ def test_a_round_retried_after_a_failed_write_applies_the_outer_momentum_once():
     run, _ = open_run(mailbox, config=algorithm.to_dict(), schema=[("w", (1,), "float32")],
                       schema_digest="0" * 64, plan=[["w"]], initial=lambda: [{"w": np.zeros(1, np.float32)}])  # fmt: skip
     merger = Merger(mailbox, run, algorithm, "m", emit=lambda event: None, clock=lambda: 0.0)
+    merger.looks.look_seconds = 0.0  # rounds/ listed at every step, as the Courier does a sync period apart
     live = lambda fresh: {"n"}  # noqa: E731
 
     contribute(mailbox, run, 1, 1.0)

@@ -5,6 +5,7 @@ and reads each commit once. benchmarks/s3_requests.py
 gives the totals over S3; this pins the structure, which a regression would break."""
 
 import threading
+import time
 
 import slowlink as sl
 from slowlink.protocol.run import HEAD_EVERY
@@ -81,3 +82,43 @@ def test_reading_the_leases_rarely_does_not_keep_a_round_waiting_for_a_node_that
                 pass
         # b left without contributing; a leaves too, waiting at most close_timeout for its round
     assert a.stats.steps_dropped == 0 and a.stats.commits_applied == 1
+
+
+def test_the_merger_lists_rounds_only_when_one_can_be_due_and_a_follower_watches_the_leader_only_when_late():
+    # Defaults (quorum 1, a grace window), two nodes stepping every 10 ms, turns as often as every 5 ms:
+    # the merger lists rounds/ when its own contribution is in, when a grace window ends, and about once
+    # a sync, not every turn; a follower reads leader.json only when the commit it awaits is overdue,
+    # not every couple of seconds.
+    store = sl.MemoryMailbox()
+    algorithm = sl.DiLoCo(sync_every=10, fragments=2)
+    stats, counts, errors, barrier = [None, None], [None, None], [], threading.Barrier(2)
+
+    def node(i: int) -> None:
+        try:
+            model = tiny_mlp()
+            with sl.Session(model, algorithm=algorithm, mailbox=store, node_id=f"node-{i}",
+                            poll_seconds=0.005) as session:  # fmt: skip
+                barrier.wait()
+                for batch in batches(i, 250):
+                    started = time.perf_counter()
+                    sgd_step(model, batch, 0.1)
+                    time.sleep(max(0.0, 0.01 - (time.perf_counter() - started)))
+                    session.step(samples=len(batch[0]))
+            stats[i], counts[i] = session.stats, session.mailbox.kinds
+        except BaseException as error:
+            errors.append(error)
+            barrier.abort()
+
+    threads = [threading.Thread(target=node, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    merger = max(range(2), key=lambda i: stats[i].rounds_merged)
+    commits = stats[merger].rounds_merged
+    assert commits >= 40  # 250 / 10 × 2 = 50 scheduled rounds
+    mine, theirs = counts[merger], counts[1 - merger]
+    # Turns come every few ms after news; listing on each would cost several LISTs per commit.
+    assert mine["LIST rounds/"] <= 2 * commits + 4
+    assert theirs["GET leader.json"] <= 2

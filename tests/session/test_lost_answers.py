@@ -113,6 +113,7 @@ def test_a_failed_read_while_learning_a_contributions_fate_loses_neither_the_com
     run, _ = open_run(mailbox, config=algorithm.to_dict(), schema=SCHEMA, schema_digest="0" * 64,
                       plan=[["w"]], initial=lambda: [initial])  # fmt: skip
     merger = Merger(mailbox, run, algorithm, "leader", lambda event: None)
+    merger.looks.look_seconds = 0.0  # rounds/ listed at every step, as the Courier does a sync period apart
     plant(mailbox, run, "n", 1.0)  # node n's round-1 contribution, merged into commit 1
     [first] = merger.step({0: (0, initial)}, lambda fresh: {"n"}, [0])
     mine = first.record["contributors"][0]["blob"]

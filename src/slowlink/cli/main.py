@@ -202,8 +202,9 @@ def _add_status(commands: argparse._SubParsersAction) -> None:
     option(
         "--recent", type=int, default=3, metavar="N", help="commit records read per fragment (%(default)s)"
     )
-    option("--observe", type=float, default=2.5, metavar="SECONDS",
-           help="how long a one-off look watches the leases change, to tell live nodes (%(default)s)")  # fmt: skip
+    option("--observe", type=float, default=0.0, metavar="SECONDS",
+           help="how long a one-off look watches leases that carry no write time (an older slowlink's) "
+                "change, to tell live nodes (%(default)s)")  # fmt: skip
     option("--lease-seconds", type=float, default=120.0, metavar="SECONDS",
            help="the run's lease: a lease unchanged this long is silent (%(default)s)")  # fmt: skip
     status.set_defaults(handler=_status)

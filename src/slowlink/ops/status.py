@@ -62,9 +62,10 @@ class NodeView:
     """One node of the run as the store shows it: its lease (live nodes) and its totals in commits."""
 
     node: str
-    state: str  # "live" (its lease changed while watched), "quiet" (not yet seen to change), "silent"
-    # (unchanged for a lease or longer: crashed?), "departed" (no lease: it left, its work is in commits)
-    lease_age: float | None = None  # seconds since this observer saw its lease change; None if not seen
+    state: str  # "live" (written, or seen to change, within a lease), "quiet" (a lease without its write
+    # time, not yet seen to change), "silent" (not rewritten for a lease or longer: crashed?), "departed"
+    # (no lease: it left, its work is in commits)
+    lease_age: float | None = None  # seconds since the lease was written (or seen to change); None if unknown
     watched: float = 0.0  # seconds this observer has watched its lease
     step: int | None = None
     samples: int | None = None
@@ -212,13 +213,16 @@ class StatusReader:
 
     def _node_views(self, leases: dict, head: list[int], commits: dict, summary: dict | None,
                     leader: str | None) -> list[NodeView]:  # fmt: skip
-        now = self.clock()
+        now, store_now = self.clock(), self.mailbox.clock()
         views: dict[str, NodeView] = {}
         for name, lease in leases.items():
             etag, changed, first = self._leases.get(keys.node(name), ("", None, now))
             age = None if changed is None else now - changed
             watched = now - first
-            if age is not None and age < self.lease_seconds:
+            if "written" in lease:  # the store's time it was written, by the node's reckoning: no watching
+                age = max(0.0, store_now - lease["written"])
+                state = "live" if age < self.lease_seconds else "silent"
+            elif age is not None and age < self.lease_seconds:
                 state = "live"
             elif watched >= self.lease_seconds:
                 state = "silent"

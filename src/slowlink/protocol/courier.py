@@ -196,7 +196,10 @@ class Courier:
         (within poll_seconds and beat_seconds): a node that waits long looks less and less often."""
         between_syncs = self.status().step_seconds * self._syncs_every
         longest = min(self.beat_seconds, max(self.poll_seconds, between_syncs / 4))
-        return min(longest, self.poll_seconds * BACKOFF ** min(self._quiet_turns, 64))
+        pause = min(longest, self.poll_seconds * BACKOFF ** min(self._quiet_turns, 64))
+        if self.leadership.is_leader:  # a merger turns when a round it waits for can close (looks.py)
+            pause = min(pause, max(0.005, self.merger.next_look_at - self.clock.now()))
+        return pause
 
     def turn(self) -> None:
         """One pass of the communication loop (also called directly by tests)."""
@@ -220,9 +223,9 @@ class Courier:
             self.leases.observe(
                 sweep=self.leadership.is_leader
             )  # the merger also reads them when a round could close (live_nodes)
-        # A follower reads leader.json once a beat, or every watch_seconds while it awaits a commit: a
-        # merger that left or died is replaced soon when someone needs it, cheaply when nobody does.
-        watch = self.watch_seconds if self.sent else self.beat_seconds
+        # A follower reads leader.json once a beat, or every watch_seconds while a commit it awaits is
+        # overdue: a merger that left or died is replaced soon when someone needs it, cheaply when nobody does.
+        watch = self.watch_seconds if self.feed.overdue(self.sent, self.watch_seconds) else self.beat_seconds
         if not self.leadership.is_leader and now - self._leader_checked_at < watch:
             return
         self._leader_checked_at = now
@@ -358,6 +361,9 @@ class Courier:
     def _merge(self) -> None:
         # Only fragments whose newest commit this node holds: it builds on nothing older.
         ready = {q: self.latest[q] for q in range(self.fragments) if self.latest[q][0] == self.head[q]}
+        between_syncs = self.status().step_seconds * self._syncs_every  # others' contributions come as often
+        self.merger.looks.poll_seconds = self.poll_seconds
+        self.merger.looks.look_seconds = min(self.watch_seconds, max(self.poll_seconds, between_syncs))
         for committed in self.merger.step(ready, self.live_nodes, self.head):
             self.head[committed.fragment] = committed.round
             self._deliver(committed.fragment, committed.round, committed.params, committed.record)

@@ -43,6 +43,13 @@ class CommitFeed:
         latency = statistics.median(self.latencies) if self.latencies else 0.0
         return sent_at is None or self.clock() - sent_at >= LATENCY_SHARE * latency
 
+    def overdue(self, awaited: dict[int, object], slack: float) -> bool:
+        """Whether a commit one of this node's contributions awaits (`awaited`, by fragment) is later than
+        twice the recent latency and `slack` seconds: then the merger may be gone."""
+        latency = statistics.median(self.latencies) if self.latencies else 0.0
+        now = self.clock()
+        return any(now - self.sent_at.get(q, now) >= 2 * latency + slack for q in awaited)
+
     def poll_head(self, awaited: dict[int, object] | None) -> None:
         """head.json with a conditional GET, then each fragment: the commit it names, if this node is more
         than one behind it, and the commits after the newest held, up to the first key not there yet.

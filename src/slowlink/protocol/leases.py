@@ -22,7 +22,8 @@ PAST_REMEMBERED = 1024  # leases gone from the listing whose beats are still rem
 
 def beat_seconds(lease_seconds: float) -> float:
     """How often a node rewrites its lease: often enough that a quarter lease always sees a new beat, and
-    that `slowlink status`, watching for a couple of seconds, sees a live node's lease change."""
+    that a second process under the same node id (refuse_if_live), watching for a beat and a half, sees
+    a live node's lease change. (`slowlink status` judges a lease by the time it says it was written.)"""
     return min(lease_seconds / 4, 2.0)
 
 
@@ -185,7 +186,8 @@ class Leases:
     def beat(self, status: dict) -> None:
         """Rewrite this node's lease with a higher beat and `status` (step, samples, versions, ...)."""
         self.beats += 1
-        lease = {"node": self.node_id, "beat": self.beats, **status, "life": self.life, **writer()}
+        lease = {"node": self.node_id, "beat": self.beats, **status, "life": self.life, **writer(),
+                 "written": round(self.mailbox.clock(), 3)}  # fmt: skip
         self.mailbox.put(keys.node(self.node_id), records.encode(lease))
         self.beaten_at = self.clock()
 

@@ -28,6 +28,7 @@ from . import contribution, keys
 from .chain import newest_snapshot
 from .commits import CommitWriter
 from .housekeeping import Housekeeping
+from .looks import Looks
 from .run import HEAD_EVERY, Run, Written, advance_head, get_blob, read_commit
 
 HISTORY = 16  # recent norms per fragment and samples per step per node kept for judging later rounds
@@ -80,6 +81,8 @@ class Merger:
         self.own: dict[
             tuple[int, int], tuple[dict, bytes]
         ] = {}  # (fragment, round) -> this node's record, payload
+        self.looks = Looks(self.rounds)  # when rounds/ is listed; the courier paces its turns by next_look_at
+        self.next_look_at = float("inf")
 
     def step(
         self,
@@ -95,12 +98,17 @@ class Merger:
         """
         self.head = head
         nodes_by_round: dict[tuple[int, int], list[str]] = {}
-        listing = self.mailbox.list(keys.ROUNDS)
-        self.housekeeping.merged_rounds(listing, head)
-        for item in listing:
-            parsed = keys.parse_contribution(item.key)
-            if parsed is not None:
-                nodes_by_round.setdefault(parsed[:2], []).append(parsed[2])
+        for fragment, round_ in self.own:  # this node's own contributions need no listing
+            nodes_by_round.setdefault((fragment, round_), []).append(self.node_id)
+        due, self.next_look_at = self.looks.due(self.clock(), self.open, versions)
+        if due:
+            self.looks.looked(self.clock())
+            listing = self.mailbox.list(keys.ROUNDS)
+            self.housekeeping.merged_rounds(listing, head)
+            for item in listing:
+                parsed = keys.parse_contribution(item.key)
+                if parsed is not None and parsed[2] not in nodes_by_round.get(parsed[:2], []):
+                    nodes_by_round.setdefault(parsed[:2], []).append(parsed[2])
         committed = []
         for fragment, (version, anchor) in sorted(versions.items()):
             current = self.open.get(fragment)
@@ -136,6 +144,7 @@ class Merger:
     def remember_own(self, record: dict, data: bytes) -> None:
         """This node's contribution, as it wrote it to the store: the merge reads it from here."""
         self.own[(record["fragment"], record["round"])] = (record, data)
+        self.looks.own_sent()  # others' contributions to that round may be in: look soon
 
     def _read_new_contributions(self, fragment: int, current: OpenRound, nodes: list[str]) -> None:
         for node in nodes:

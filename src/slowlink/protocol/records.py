@@ -211,6 +211,7 @@ LEASE_FIELDS = {
     "life": Omittable(Text()),  # one per start of the node: beats are compared within a life
     "host": Omittable(Text()),  # the machine and process writing it: a restart on the same machine
     "pid": Omittable(COUNT),  # knows at once whether the process it replaces is gone
+    "written": Omittable(Real(0)),  # the store's time when it was written, as the node tells it (status)
 }
 # What a contribution claims, in its payload's header (protocol/contribution.py): where it sits (node,
 # fragment, round) is its key, and its digest is what commits name it by.
