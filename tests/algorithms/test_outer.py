@@ -107,3 +107,27 @@ def test_the_share_aware_outer_step_is_outer_nesterov_on_a_full_round_and_a_shar
         delta, OuterState(buffer), anchor, shape=RoundShape(1, 2, stale=True)
     )
     np.testing.assert_allclose(stale["w"], [0.9, 2.2], atol=1e-6)
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5])
+def test_the_outer_step_holds_no_fragment_sized_array_besides_its_two_results(share):
+    # A merger holds a fragment's anchor, Δ and momentum already: the step adds the new parameters and
+    # the new momentum, and temporaries of one tensor at a time (not a whole fragment of directions).
+    import tracemalloc
+
+    from slowlink.algorithms.outer import RoundShape, outer_nesterov_by_share
+
+    rng = np.random.default_rng(0)
+    fragment = [{f"t{i}": rng.normal(size=1 << 17).astype(np.float32) for i in range(8)} for _ in range(3)]
+    anchor, delta, momentum = fragment
+    optimizer = outer_nesterov_by_share(lr=0.7, momentum=0.9)
+    tracemalloc.start()
+    try:
+        params, state = optimizer.update(delta, OuterState(momentum), anchor,
+                                         shape=RoundShape(contributors=int(share * 2), live=2))  # fmt: skip
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    fragment_bytes = sum(values.nbytes for values in delta.values())
+    assert peak < 2.4 * fragment_bytes, f"peak {peak / fragment_bytes:.2f} fragments"
+    assert set(params) == set(state.momentum) == set(delta)

@@ -90,6 +90,30 @@ def test_a_fragment_is_cloned_into_the_tensors_of_its_previous_contribution():
     assert spy.copies == len(session.adapter.schema)  # one clone of each tensor, at its fragment's first sync
 
 
+def test_fragments_of_the_same_shapes_share_one_clone_between_them():
+    """With one contribution in flight, a node holds one fragment of clones, not a whole model of them: a
+    fragment's snapshot is cloned into the tensors of any settled one of the same shapes."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(3, 3) for _ in range(4)])  # four fragments alike
+    algorithm = sl.DiLoCo(sync_every=4, fragments=4, in_flight=1, overlap_steps=0)
+    events = []
+    with sl.Session(model, algorithm=algorithm, mailbox=sl.MemoryMailbox(), node_id="n", poll_seconds=0.005,
+                    on_event=events.append) as session:  # fmt: skip
+        spy = NewTensors()
+        for x, _ in batches(0, 16):
+            model(x).pow(2).mean().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.05 * p.grad
+                    p.grad = None
+            with spy:
+                session.step(samples=4)
+        held = {id(t) for clone in session.node._clones.values() for t in clone.values()}
+    assert len([e for e in events if e.kind == "contribution_sent"]) >= 12  # every fragment synced thrice
+    assert spy.copies == 2  # the weight and the bias of the first fragment's first snapshot, then reused
+    assert len(held) <= 2
+
+
 class Crossings(TorchDispatchMode):
     """Records, on the thread that entered it, each operation that moves data between host memory and a tensor
     the other way from `.numpy()` and `.cpu()`: host memory made a tensor (torch.from_numpy, as_tensor, whose

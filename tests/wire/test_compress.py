@@ -150,12 +150,12 @@ def test_bytes_that_are_not_safetensors_are_refused_by_compress():
         compress((5).to_bytes(8, "little") + b"nope!")
 
 
-def test_compress_holds_one_shuffled_copy_and_decompress_none_beyond_input_and_output():
+def test_compress_and_decompress_hold_nothing_whole_beyond_their_input_and_output():
     # 16 MiB of float32 in two tensors that compress little (random mantissas: a 13.7 MiB frame). Besides
-    # its input, compress holds one shuffled copy (zstd takes it whole) and its output (first at zstd's
-    # bound, 16 MiB); decompress its output and pieces of STREAM_BYTES. Measured peaks: compress 32.1 MiB,
-    # decompress 18.3 MiB (on top of the frame); the code before, which made two whole copies in compress
-    # and three in decompress, 45.8 and 61.7.
+    # its input, compress holds its output (grown as zstd writes it) and one shuffled piece of
+    # STREAM_BYTES; decompress its output and pieces of STREAM_BYTES. Measured peaks: compress 16.6 MiB,
+    # decompress 18.3 MiB (on top of the frame); the code before, which shuffled a whole copy for zstd to
+    # take at once, 32.1 MiB in compress, and before that 45.8 and 61.7.
     rng = np.random.default_rng(0)
     arrays = {name: rng.standard_normal(1 << 21).astype(np.float32) for name in ("a", "b")}
     plain = payload.pack(arrays, {"kind": "delta"}, encoding="F32")
@@ -172,5 +172,5 @@ def test_compress_holds_one_shuffled_copy_and_decompress_none_beyond_input_and_o
     finally:
         tracemalloc.stop()
     assert back == plain
-    assert compressing < 2 * size + size // 8, compressing / 2**20
+    assert compressing < size + size // 8, compressing / 2**20
     assert decompressing < size + size // 4, decompressing / 2**20

@@ -40,11 +40,11 @@ def outer_nesterov(lr: float, momentum: float, *, nesterov: bool = True) -> Oute
         and returns the state as it was."""
         if not use_momentum:
             return {name: anchor[name] - eta * step for name, step in delta.items()}, state
-        buffers = {name: mu * state.momentum[name] + step for name, step in delta.items()}  # b ← μ·b + Δ
-        directions = (
-            {name: step + mu * buffers[name] for name, step in delta.items()} if nesterov else buffers
-        )
-        return {name: anchor[name] - eta * directions[name] for name in delta}, OuterState(buffers)
+        params, buffers = {}, {}
+        for name, step in delta.items():  # tensor by tensor: the only fragment-sized arrays are the results
+            buffers[name] = buffer = mu * state.momentum[name] + step  # b ← μ·b + Δ
+            params[name] = anchor[name] - eta * (step + mu * buffer if nesterov else buffer)
+        return params, OuterState(buffers)
 
     return OuterOptimizer(init, update)
 
@@ -87,14 +87,13 @@ def outer_nesterov_by_share(lr: float, momentum: float, *, nesterov: bool = True
         if not use_momentum:
             return {name: anchor[name] - eta * c * step for name, step in delta.items()}, state
         decay = mu**c
-        buffers = {name: decay * state.momentum[name] + c * step for name, step in delta.items()}
-        if shape.stale:  # averaging by share: no push from a buffer these steps never saw
-            return {name: anchor[name] - c * step for name, step in delta.items()}, OuterState(buffers)
-        directions = (
-            {name: c * step + c * mu * buffers[name] for name, step in delta.items()}
-            if nesterov
-            else {name: c * buffers[name] for name in delta}
-        )
-        return {name: anchor[name] - eta * directions[name] for name in delta}, OuterState(buffers)
+        params, buffers = {}, {}
+        for name, step in delta.items():  # tensor by tensor, as outer_nesterov
+            buffers[name] = buffer = decay * state.momentum[name] + c * step
+            if shape.stale:  # averaging by share: no push from a buffer these steps never saw
+                params[name] = anchor[name] - c * step
+            else:
+                params[name] = anchor[name] - eta * (c * step + c * mu * buffer if nesterov else c * buffer)
+        return params, OuterState(buffers)
 
     return OuterOptimizer(plain.init, update)

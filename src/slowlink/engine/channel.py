@@ -2,8 +2,8 @@
 
 The mailbox protocol (protocol/courier.py) is one channel and the simulator (sim/) another. A channel
 owns a published contribution's arrays from then on: it may turn the snapshot into Δ in place. It reads
-them no more once it has delivered a commit of their round or a newer one: the node then clones the
-fragment's next snapshot into the same tensors.
+them no more once it has delivered a commit of their round or a newer one: the node then clones a later
+snapshot (of this fragment, or of another of the same shapes) into the same tensors.
 """
 
 from dataclasses import dataclass

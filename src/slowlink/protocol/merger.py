@@ -235,7 +235,8 @@ class Merger:
 
     def _load_contribution(self, fragment: int, current: OpenRound, node: str, sha: str) -> Arrays:
         limit, round_ = self.run.max_payload_bytes(fragment), current.round
-        own = self.own.get((fragment, round_)) if node == self.node_id else None
+        # Taken, not kept: once merged, its bytes go (a merge tried again reads them from the mailbox).
+        own = self.own.pop((fragment, round_), None) if node == self.node_id else None
         if own is not None and own[0]["blob"] == sha:
             data = own[1]
         elif (data := current.held.pop(node, None)) is None:  # read again: a later life may have replaced it
