@@ -13,7 +13,6 @@ from safetensors.torch import save_file
 import slowlink as sl
 from slowlink.bench.config import PRESETS
 from slowlink.bench.registry import diloco
-from slowlink.bench.runners import train_demo_node
 from slowlink.bench.task import Task
 
 CONFIG = PRESETS["smoke"]
@@ -57,7 +56,12 @@ def demo_node(rank: int, port: str) -> dict[str, torch.Tensor]:
         optimizer = sl.DeMo(
             model.parameters(), CONFIG.demo_lr, topk=CONFIG.demo_topk, chunk=64, seed=CONFIG.seed
         )
-        train_demo_node(bench, CONFIG, optimizer, model, rank, lambda: None)
+        for step in range(CONFIG.steps):  # the loop a user writes, on the bench's schedule
+            for group in optimizer.param_groups:
+                group["lr"] = CONFIG.demo_lr * bench.lr_factor(step)
+            optimizer.zero_grad()
+            bench.loss(model, bench.batch(rank, step)).backward()
+            optimizer.step()
     finally:
         dist.destroy_process_group()
     return parameters(model)

@@ -1,5 +1,5 @@
 """The bench measures the real code: the simulator's DiLoCo run ends on the parameters two real processes reach
-through a DirMailbox, and the bench's DeMo nodes in one process end where two gloo processes end, to 1e-6.
+through a DirMailbox, and the DeMo simulator's nodes end where two gloo processes end, to 1e-6.
 All four processes run at once, beside the in-process runs, so the test costs one process start."""
 
 import os
@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from slowlink.bench.registry import diloco
-from slowlink.bench.runners import demo_nodes, simulate
+from slowlink.bench.runners import simulate, simulate_demo
 
 from .nodes import CONFIG, parameters, task
 
@@ -36,7 +36,7 @@ def largest_difference(a: dict, b: dict) -> float:
     return max(float((a[name] - b[name]).abs().max()) for name in a)
 
 
-def test_the_simulated_diloco_and_the_lockstep_demo_end_where_real_processes_end(tmp_path):
+def test_the_simulated_diloco_and_demo_end_where_real_processes_end(tmp_path):
     port, workers = str(free_port()), CONFIG.workers
     processes = [
         start("diloco", r, str(tmp_path / "mailbox"), tmp_path / f"diloco-{r}.st") for r in range(workers)
@@ -47,7 +47,7 @@ def test_the_simulated_diloco_and_the_lockstep_demo_end_where_real_processes_end
     try:
         bench = task()
         simulated = simulate(diloco(CONFIG), bench, CONFIG, [CONFIG.step_time] * workers)
-        demo_models, _, _ = demo_nodes(bench, CONFIG, lambda: None)
+        demo_models = simulate_demo(bench, CONFIG).models
     finally:
         torch.set_num_threads(threads)
     assert [p.wait(timeout=240) for p in processes] == [0] * len(processes)
