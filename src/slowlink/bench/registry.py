@@ -1,8 +1,8 @@
 """The bench's methods, one entry each: a name, a line saying what it is, and how to run it on the task.
 
-A method of rounds (any slowlink method the simulator runs: a DiLoCo configuration, a gossip method, DiLoCo
-with a sparse encoding) is one `rounds(...)` line: a function from the options to the method, and the
-workers' speeds. A method with its own exchange (DDP, DeMo) gives its own runner (runners.py).
+A method of rounds (a DiLoCo configuration, DiLoCo with a sparse encoding) is one `rounds(...)` line: a
+function from the options to the method, and the workers' speeds; a gossip method one `gossip(...)` line. A
+method with its own exchange (DDP, DeMo) gives its own runner (runners.py).
 """
 
 from __future__ import annotations
@@ -28,18 +28,19 @@ class Entry:
     name: str
     summary: str  # what it is, for the table's legend and docs/bench.md
     run: Runner
+    method: Callable[[BenchConfig], object] | None = None  # the slowlink method it runs, where it is one
 
 
 def rounds(name: str, summary: str, method: Callable[[BenchConfig], Method],
-           speeds: Callable[[BenchConfig], list[float]] | None = None, exchange: str | None = None) -> Entry:  # fmt: skip
-    """An entry for a method the simulator runs; every worker at step_time unless `speeds` says otherwise,
-    its messages through the config's exchange unless `exchange` names the one it needs ("pairwise")."""
+           speeds: Callable[[BenchConfig], list[float]] | None = None) -> Entry:  # fmt: skip
+    """An entry for a method the simulator runs, its rounds through the config's exchange; every worker at
+    step_time unless `speeds` says otherwise."""
 
     def run(entry: str, task: Task, config: BenchConfig, progress: Progress) -> Outcome:
         pace = speeds(config) if speeds is not None else [config.step_time] * config.workers
-        return run_rounds(entry, method(config), task, config, pace, progress, exchange)
+        return run_rounds(entry, method(config), task, config, pace, progress)
 
-    return Entry(name, summary, run)
+    return Entry(name, summary, run, method)
 
 
 def gossip(name: str, summary: str, method: Callable[[BenchConfig], GossipMethod]) -> Entry:
@@ -48,7 +49,7 @@ def gossip(name: str, summary: str, method: Callable[[BenchConfig], GossipMethod
     def run(entry: str, task: Task, config: BenchConfig, progress: Progress) -> Outcome:
         return run_gossip(entry, method(config), task, config, progress)
 
-    return Entry(name, summary, run)
+    return Entry(name, summary, run, method)
 
 
 def diloco(config: BenchConfig, delta_dtype: TopK | None = None) -> DiLoCo:

@@ -31,12 +31,13 @@ def ring(workers: int) -> float:
     return 2 * (workers - 1) / workers
 
 
-def simulate(method: Method, task: Task, config: BenchConfig, speeds: list[float], loss=None,
-             exchange: str | None = None) -> sim.SimResult:  # fmt: skip
+def simulate(
+    method: Method, task: Task, config: BenchConfig, speeds: list[float], loss=None
+) -> sim.SimResult:
     """The bench's sim.run: the task's model, batches and optimizer on config.workers simulated workers,
-    over the config's link (through `exchange` if given, e.g. "pairwise" for a gossip method)."""
+    over the config's link."""
     return sim.run(method, task.make_model, task.batch, workers=config.workers, steps=config.steps,
-                   step_seconds=speeds, network=network_of(config, task, exchange), seed=config.seed,
+                   step_seconds=speeds, network=network_of(config, task), seed=config.seed,
                    loss=loss or task.loss, optimizer=task.optimizer, samples=len)  # fmt: skip
 
 
@@ -53,9 +54,9 @@ def counted_loss(task: Task, config: BenchConfig, progress: Progress):
 
 
 def run_rounds(name: str, method: Method, task: Task, config: BenchConfig, speeds: list[float],
-               progress: Progress, exchange: str | None = None) -> Outcome:  # fmt: skip
+               progress: Progress) -> Outcome:  # fmt: skip
     """A method of rounds in the simulator: every worker trains config.steps steps at its own speed."""
-    result = simulate(method, task, config, speeds, counted_loss(task, config, progress), exchange)
+    result = simulate(method, task, config, speeds, counted_loss(task, config, progress))
     last = max(result.workers, key=lambda report: report.wall_seconds)  # it holds every newest commit
     workers = result.workers
     return Outcome(
@@ -64,7 +65,7 @@ def run_rounds(name: str, method: Method, task: Task, config: BenchConfig, speed
         curve=merged_curve([report.losses for report in workers]),
         bytes_sent=sum(r.bytes_sent for r in workers) / len(workers),
         bytes_received=sum(r.bytes_received for r in workers) / len(workers),
-        peak_bytes_per_sync=peak_contribution(method, task, config, exchange),
+        peak_bytes_per_sync=peak_contribution(method, task, config),
         simulated_seconds=result.wall_seconds,
         utilization=sum(r.utilization for r in workers) / len(workers),
         samples=config.workers * config.steps * config.batch_size,
@@ -72,27 +73,31 @@ def run_rounds(name: str, method: Method, task: Task, config: BenchConfig, speed
     )
 
 
-def peak_contribution(method: Method, task: Task, config: BenchConfig, exchange: str | None = None) -> int:
+def peak_contribution(method: Method, task: Task, config: BenchConfig) -> int:
     """The largest fragment's Δ as the method encodes it (payload.pack, header included): what a worker sends
     in one sync to a store, or 2(M−1)/M times it through a ring."""
     adapter = adapter_for(task.make_model())
     encoding = method.wire().delta_dtype or "F32"
     sizes = [len(payload.pack(adapter.snapshot(group), {"kind": "delta"}, encoding=encoding))
              for group in method.plan(adapter.schema)]  # fmt: skip
-    factor = ring(config.workers) if (exchange or config.exchange) == "allreduce" else 1.0
+    factor = ring(config.workers) if config.exchange == "allreduce" else 1.0
     return int(max(sizes) * factor)
+
+
+def simulate_gossip(method: GossipMethod, task: Task, config: BenchConfig, loss=None) -> sim.GossipResult:
+    """The bench's sim.run_gossip: as simulate, its groups' mixes timed by the pairwise link model (a pair:
+    λ + 8S/W; a larger group: a ring all-reduce)."""
+    return sim.run_gossip(method, task.make_model, task.batch, workers=config.workers, steps=config.steps,
+                          step_seconds=config.step_time, network=network_of(config, task, "pairwise"),
+                          seed=config.seed, loss=loss or task.loss, optimizer=task.optimizer, samples=len)  # fmt: skip
 
 
 def run_gossip(
     name: str, method: GossipMethod, task: Task, config: BenchConfig, progress: Progress
 ) -> Outcome:
-    """A gossip method in the gossip simulator, its groups' mixes timed by the pairwise link model (a pair:
-    λ + 8S/W; a larger group: a ring all-reduce). The workers end on different models; the held-out loss is
-    the mean of theirs, and a sync is a round (its bytes, blocking and not, the same every round)."""
-    result = sim.run_gossip(method, task.make_model, task.batch, workers=config.workers, steps=config.steps,
-                            step_seconds=config.step_time, network=network_of(config, task, "pairwise"),
-                            seed=config.seed, loss=counted_loss(task, config, progress), optimizer=task.optimizer,
-                            samples=len)  # fmt: skip
+    """A gossip method in the gossip simulator. The workers end on different models; the held-out loss is the
+    mean of theirs, and a sync is a round (its bytes, blocking and not, the same every round)."""
+    result = simulate_gossip(method, task, config, counted_loss(task, config, progress))
     workers = result.workers
     sent = [sum(r.bytes_sent.values()) for r in workers]
     received = [sum(r.bytes_received.values()) for r in workers]
