@@ -85,7 +85,7 @@ def run_command(args: argparse.Namespace) -> int:
     changes.update({name: getattr(args, name) for name in ("model", "exchange") if getattr(args, name)})
     config = preset("smoke" if args.smoke else "quick" if args.quick else "full", **changes)
     console = make_console()
-    result = run_bench(config, LiveView(console))
+    result = run_bench(config, LiveView(console), save=lambda so_far: write_results(so_far, Path(config.out)))
     files = write_results(result, Path(config.out))
     print(markdown_table(result))
     print("files: " + ", ".join(str(path) for path in files))

@@ -93,6 +93,8 @@ def markdown_table(result: BenchResult) -> str:
               f"{c.step_time:g} s of compute per step, DiLoCo's rounds by {c.exchange}. Held-out loss in nats "
               f"per byte on Python {result.corpus['python']}'s held-out stdlib files.", ""]  # fmt: skip
     lines += [f"- `{o.name}`: {METHODS[o.name].summary}" for o in result.outcomes]
+    if result.unfinished:
+        lines += ["", f"Not finished (yet): {', '.join(result.unfinished)}."]
     return "\n".join(lines) + "\n"
 
 

@@ -5,7 +5,8 @@ Drawing is left to report.py."""
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 
 from ..errors import ConfigError
 from .config import BenchConfig
@@ -20,14 +21,16 @@ class BenchResult:
     parameters: int
     bandwidth: float  # bits/s of each worker's link, as given or derived
     corpus: dict
-    outcomes: list[Outcome]
+    outcomes: list[Outcome]  # of the methods finished, in the order chosen
+    unfinished: list[str] = field(default_factory=list)  # chosen, not finished (yet)
 
     def outcome(self, name: str) -> Outcome | None:
         return next((o for o in self.outcomes if o.name == name), None)
 
     def to_dict(self) -> dict:
         return {"config": asdict(self.config), "parameters": self.parameters, "bandwidth": self.bandwidth,
-                "corpus": self.corpus, "outcomes": [o.to_dict() for o in self.outcomes]}  # fmt: skip
+                "corpus": self.corpus, "outcomes": [o.to_dict() for o in self.outcomes],
+                "unfinished": self.unfinished}  # fmt: skip
 
 
 def chosen(config: BenchConfig) -> list[str]:
@@ -37,25 +40,40 @@ def chosen(config: BenchConfig) -> list[str]:
     return list(config.methods) or list(METHODS)
 
 
-def run_bench(config: BenchConfig, view) -> BenchResult:
+def run_bench(config: BenchConfig, view, save: Callable[[BenchResult], object] | None = None) -> BenchResult:
     """Every chosen method on the same task, config.jobs at a time (each job its own process, one thread);
-    view.begin(name, summary), view.progress(name, done, total) and view.done(outcome) follow them. Every
+    view.begin(name, summary), view.progress(name, done, total) and view.done(outcome) follow them, and
+    save(result) hears the result so far each time a method ends (a long run keeps what it finished). Every
     entry depends on the seed alone, so the jobs change the wall time, never a number."""
     names = chosen(config)
+    task = make_task(config)
+    finished: dict[str, Outcome] = {}
+
+    def so_far() -> BenchResult:
+        corpus = task.corpus
+        return BenchResult(config=config, parameters=task.parameters,
+                           bandwidth=config.link_bits(task.parameters),
+                           corpus={"python": corpus.python, "sha256": corpus.sha256, "bytes": corpus.size,
+                                   "files": corpus.files, "held_out_files": corpus.val_files},
+                           outcomes=[finished[name] for name in names if name in finished],
+                           unfinished=[name for name in names if name not in finished])  # fmt: skip
+
+    def record(outcome: Outcome) -> None:
+        finished[outcome.name] = outcome
+        view.done(outcome)
+        if save is not None:
+            save(so_far())
+
     view.start(names)
     try:
         if config.jobs == 1 or len(names) == 1:
-            outcomes = [run_entry(name, config, view) for name in names]
+            for name in names:
+                record(run_entry(name, config, view))
         else:
-            outcomes = run_in_processes(names, config, view)
+            run_in_processes(names, config, view, record)
     finally:
         view.end()
-    task = make_task(config)
-    corpus = task.corpus
-    return BenchResult(config=config, parameters=task.parameters, bandwidth=config.link_bits(task.parameters),
-                       corpus={"python": corpus.python, "sha256": corpus.sha256, "bytes": corpus.size,
-                               "files": corpus.files, "held_out_files": corpus.val_files},
-                       outcomes=outcomes)  # fmt: skip
+    return so_far()
 
 
 def make_task(config: BenchConfig) -> Task:
@@ -80,7 +98,6 @@ def run_entry(name: str, config: BenchConfig, view) -> Outcome:
         outcome.real_seconds, outcome.cpu_seconds = time.perf_counter() - began, time.process_time() - cpu
     finally:
         torch.set_num_threads(threads)
-    view.done(outcome)
     return outcome
 
 
@@ -98,16 +115,14 @@ class _Relay:
             self.shown[name] = done
             self.queue.put(("progress", name, done, total))
 
-    def done(self, outcome: Outcome) -> None:
-        pass  # the outcome itself comes back as the job's result
-
 
 def _job(name: str, config: BenchConfig, queue) -> Outcome:
     return run_entry(name, config, _Relay(queue))
 
 
-def run_in_processes(names: list[str], config: BenchConfig, view) -> list[Outcome]:
-    """The entries as jobs of a pool of config.jobs fresh processes; the view hears their messages here."""
+def run_in_processes(names: list[str], config: BenchConfig, view, record: Callable[[Outcome], None]) -> None:
+    """The entries as jobs of a pool of config.jobs fresh processes; the view hears their messages here, and
+    record(outcome) each outcome as its job ends."""
     import multiprocessing
     import queue as queues
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -116,7 +131,7 @@ def run_in_processes(names: list[str], config: BenchConfig, view) -> list[Outcom
     with context.Manager() as manager, ProcessPoolExecutor(config.jobs, mp_context=context) as pool:
         messages = manager.Queue()
         jobs = {pool.submit(_job, name, config, messages): name for name in names}
-        outcomes, pending = {}, set(jobs)
+        pending = set(jobs)
         while pending:
             finished, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
             while True:
@@ -126,6 +141,4 @@ def run_in_processes(names: list[str], config: BenchConfig, view) -> list[Outcom
                     break
                 getattr(view, kind)(name, *rest)
             for job in finished:
-                outcomes[jobs[job]] = job.result()  # a job's error is raised here, with its traceback
-                view.done(outcomes[jobs[job]])
-    return [outcomes[name] for name in names]
+                record(job.result())  # a job's error is raised here, with its traceback
