@@ -1,7 +1,7 @@
-"""The real side of tests/bench/test_bench_is_the_real_code.py: one process of a bench method, as a user runs
-it. python nodes.py diloco RANK MAILBOX OUT  (a Session over a DirMailbox)
-python nodes.py demo RANK PORT OUT            (sl.DeMo over a gloo process group on 127.0.0.1)
-Both train the smoke preset's micro GPT on the bench's batches and write the final parameters."""
+"""The real side of tests/bench/test_bench_is_the_real_code.py: one process of a bench entry, as a user runs
+it. python nodes.py ENTRY RANK MAILBOX OUT  (a DiLoCo entry's method in a Session over a DirMailbox)
+python nodes.py demo RANK PORT OUT           (sl.DeMo over a gloo process group on 127.0.0.1)
+Each trains the smoke preset's micro GPT on the bench's batches and writes the final parameters."""
 
 import sys
 import time
@@ -12,8 +12,7 @@ from safetensors.torch import save_file
 
 import slowlink as sl
 from slowlink.bench.config import PRESETS
-from slowlink.bench.registry import diloco
-from slowlink.bench.runners import train_demo_node
+from slowlink.bench.registry import METHODS
 from slowlink.bench.task import Task
 
 CONFIG = PRESETS["smoke"]
@@ -28,13 +27,15 @@ def parameters(model) -> dict[str, torch.Tensor]:
     return {name: p.detach().clone().contiguous() for name, p in model.named_parameters()}
 
 
-def diloco_node(rank: int, mailbox: str) -> dict[str, torch.Tensor]:
+def session_node(entry: str, rank: int, mailbox: str) -> dict[str, torch.Tensor]:
     """The loop a user writes: a step of the bench's AdamW recipe, then session.step()."""
     bench, store = task(), sl.DirMailbox(mailbox)
     model = bench.make_model()
     optimizer = bench.optimizer(model.parameters())
-    with sl.Session(model, algorithm=diloco(CONFIG), mailbox=store, node_id=f"node-{rank}",
-                    poll_seconds=0.01) as session:  # fmt: skip
+    method = METHODS[entry].method(CONFIG)
+    with sl.Session(
+        model, algorithm=method, mailbox=store, node_id=f"node-{rank}", poll_seconds=0.01
+    ) as session:
         while len(store.list("nodes/")) < CONFIG.workers:
             time.sleep(0.02)  # a deterministic run: no round may close before every node holds a lease
         for step in range(CONFIG.steps):
@@ -57,7 +58,12 @@ def demo_node(rank: int, port: str) -> dict[str, torch.Tensor]:
         optimizer = sl.DeMo(
             model.parameters(), CONFIG.demo_lr, topk=CONFIG.demo_topk, chunk=64, seed=CONFIG.seed
         )
-        train_demo_node(bench, CONFIG, optimizer, model, rank, lambda: None)
+        for step in range(CONFIG.steps):  # the loop a user writes, on the bench's schedule
+            for group in optimizer.param_groups:
+                group["lr"] = CONFIG.demo_lr * bench.lr_factor(step)
+            optimizer.zero_grad()
+            bench.loss(model, bench.batch(rank, step)).backward()
+            optimizer.step()
     finally:
         dist.destroy_process_group()
     return parameters(model)
@@ -66,4 +72,4 @@ def demo_node(rank: int, port: str) -> dict[str, torch.Tensor]:
 if __name__ == "__main__":
     torch.set_num_threads(1)  # the bench's own setting
     kind, rank, where, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    save_file(diloco_node(rank, where) if kind == "diloco" else demo_node(rank, where), out)
+    save_file(demo_node(rank, where) if kind == "demo" else session_node(kind, rank, where), out)

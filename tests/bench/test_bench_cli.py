@@ -10,7 +10,7 @@ from slowlink.bench.config import PRESETS, BenchConfig, preset
 from slowlink.cli.main import main
 
 BENCH_OPTIONS = {"--steps", "--workers", "--sync-every", "--fragments", "--overlap-steps", "--batch-size",
-                 "--step-time", "--bandwidth", "--demo-lr", "--latency", "--seed", "--methods", "--quick", "--smoke",
+                 "--step-time", "--bandwidth", "--demo-lr", "--latency", "--seed", "--methods", "--jobs", "--quick", "--smoke",
                  "--model", "--exchange", "--out", "--help"}  # fmt: skip
 
 

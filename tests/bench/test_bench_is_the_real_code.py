@@ -1,6 +1,8 @@
 """The bench measures the real code: the simulator's DiLoCo run ends on the parameters two real processes reach
-through a DirMailbox, and the bench's DeMo nodes in one process end where two gloo processes end, to 1e-6.
-All four processes run at once, beside the in-process runs, so the test costs one process start."""
+through a DirMailbox, and so does its sparse (TopK) DiLoCo, whose payloads, error feedback and lossy commits
+take other paths; the DeMo simulator's nodes end where two gloo processes end; all to 1e-6. The bench's gossip
+entries run the engine that tests/protocol/test_gossip_processes.py holds to the simulator's bits. All six
+processes run at once, beside the in-process runs, so the test costs one process start."""
 
 import os
 import socket
@@ -11,8 +13,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from slowlink.bench.registry import diloco
-from slowlink.bench.runners import demo_nodes, simulate
+from slowlink.bench.registry import METHODS, diloco
+from slowlink.bench.runners import simulate, simulate_demo
 
 from .nodes import CONFIG, parameters, task
 
@@ -36,18 +38,18 @@ def largest_difference(a: dict, b: dict) -> float:
     return max(float((a[name] - b[name]).abs().max()) for name in a)
 
 
-def test_the_simulated_diloco_and_the_lockstep_demo_end_where_real_processes_end(tmp_path):
+def test_the_simulated_diloco_and_demo_end_where_real_processes_end(tmp_path):
     port, workers = str(free_port()), CONFIG.workers
-    processes = [
-        start("diloco", r, str(tmp_path / "mailbox"), tmp_path / f"diloco-{r}.st") for r in range(workers)
-    ]
+    processes = [start(entry, r, str(tmp_path / entry), tmp_path / f"{entry}-{r}.st")
+                 for entry in ("diloco", "diloco-topk") for r in range(workers)]  # fmt: skip
     processes += [start("demo", r, port, tmp_path / f"demo-{r}.st") for r in range(workers)]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the processes' setting: the same kernels, the same rounding
     try:
         bench = task()
         simulated = simulate(diloco(CONFIG), bench, CONFIG, [CONFIG.step_time] * workers)
-        demo_models, _, _ = demo_nodes(bench, CONFIG, lambda: None)
+        sparse = simulate(METHODS["diloco-topk"].method(CONFIG), bench, CONFIG, [CONFIG.step_time] * workers)
+        demo_models = simulate_demo(bench, CONFIG).models
     finally:
         torch.set_num_threads(threads)
     assert [p.wait(timeout=240) for p in processes] == [0] * len(processes)
@@ -55,6 +57,9 @@ def test_the_simulated_diloco_and_the_lockstep_demo_end_where_real_processes_end
     for rank in range(workers):
         real = load_file(tmp_path / f"diloco-{rank}.st")
         assert largest_difference(real, parameters(simulated.models[rank])) < 1e-6
+        real_sparse = load_file(tmp_path / f"diloco-topk-{rank}.st")
+        assert largest_difference(real_sparse, parameters(sparse.models[rank])) < 1e-6
+        assert largest_difference(real_sparse, real) > 1e-3  # the sparse Δs did change the training
         assert (
             largest_difference(load_file(tmp_path / f"demo-{rank}.st"), parameters(demo_models[rank])) < 1e-6
         )

@@ -8,6 +8,7 @@ import json
 import math
 import re
 
+import matplotlib.image as plt_image
 import numpy as np
 import pytest
 from PIL import Image
@@ -16,7 +17,7 @@ from rich.console import Console
 from slowlink.bench.config import PRESETS, SYNC_STEPS, preset
 from slowlink.bench.outcome import Outcome
 from slowlink.bench.registry import METHODS
-from slowlink.bench.report import COLUMNS, LiveView
+from slowlink.bench.report import COLUMNS, LiveView, colours
 from slowlink.bench.run import run_bench
 from slowlink.cli.main import main
 
@@ -64,6 +65,16 @@ def test_bytes_divide_as_each_method_promises(bench):
     assert ratio == pytest.approx(SMOKE.fragments, rel=0.1)
     # F4: four bits a value instead of 32, plus the payload's scales and header
     assert o["streaming-f4"]["bytes_per_worker"] < o["streaming"]["bytes_per_worker"] / 5
+    # TopK: 1/64 of each chunk, 2-bit values and Rice-coded indices, against fp32 Δs
+    assert o["diloco-topk"]["bytes_per_worker"] < o["diloco"]["bytes_per_worker"] / 10
+    # gossip: a round per H steps (NoLoCo's H/2); GlobalM1 moves no Δ, so fewer bytes than with a Mix2
+    assert o["gossip-m1"]["syncs"] == SMOKE.steps // SMOKE.sync_every
+    assert o["noloco"]["syncs"] == SMOKE.steps // (SMOKE.sync_every // 2)
+    assert o["gossip-m1"]["bytes_per_worker"] < o["gossip-m1-m2pairs"]["bytes_per_worker"]
+    # with two workers a pair is the whole roster: LocalM1M2 is GlobalM1LocalM2, number for number
+    assert {
+        k: v for k, v in o["gossip-pairs"].items() if k not in ("name", "real_seconds", "cpu_seconds")
+    } == {k: v for k, v in o["gossip-m1-m2pairs"].items() if k not in ("name", "real_seconds", "cpu_seconds")}
     # DeMo's top-k coefficients: at least 85× fewer bytes than DDP's gradients
     assert o["ddp"]["bytes_per_worker"] / o["demo"]["bytes_per_worker"] >= 85
     for outcome in o.values():
@@ -90,6 +101,8 @@ def test_time_and_utilization_follow_the_link_and_the_waiting(bench):
         > o["diloco"]["simulated_seconds"]
         > o["streaming-f4"]["simulated_seconds"]
     )
+    # GlobalM1 mixes the starts while it trains, where DiLoCo's barrier waits for its all-reduce
+    assert o["gossip-m1"]["simulated_seconds"] < o["diloco"]["simulated_seconds"]
     # without a barrier nobody waits for the slow half; with it, everyone does
     assert o["decoupled-1:2"]["simulated_seconds"] < o["diloco-1:2"]["simulated_seconds"]
     assert o["decoupled"]["utilization"] > o["diloco"]["utilization"]
@@ -104,17 +117,49 @@ def test_time_and_utilization_follow_the_link_and_the_waiting(bench):
         assert all(math.isfinite(loss) for _, _, loss in outcome["curve"])
 
 
-def test_the_png_decodes_to_three_drawn_panels(bench):
+def test_the_png_decodes_to_three_drawn_panels_with_every_methods_colour(bench):
     out, printed, _, _ = bench
     assert f"{out / 'bench.png'}" in printed
     image = np.asarray(Image.open(out / "bench.png").convert("RGB"))
     assert image.shape == (450, 1500, 3)  # figsize (15, 4.5) at 100 dpi
+    as_read = plt_image.imread(out / "bench.png")  # matplotlib reads it back, as floats in [0, 1]
+    assert as_read.shape[:2] == (450, 1500) and np.allclose(as_read[..., :3] * 255, image, atol=1)
     drawn = (image < 250).any(axis=2)
     assert 0.02 < drawn.mean() < 0.6  # axes, curves and bars; not blank, not filled
-    for third in np.array_split(drawn, 3, axis=1):  # every panel has something drawn
-        assert third.mean() > 0.01
-    colours = {tuple(pixel) for pixel in image.reshape(-1, 3)[::7]}
-    assert len(colours) > len(METHODS)  # one colour per method, at least
+    for third, panel in zip(
+        np.array_split(drawn, 3, axis=1), np.array_split(as_read, 3, axis=1), strict=True
+    ):
+        assert third.mean() > 0.01 and panel[..., :3].var() > 1e-3  # every panel has something drawn
+    # every method's own colour, distinct from the others', is drawn: its bar in the bytes panel at least
+    palette = [tuple(round(255 * c) for c in colour) for colour in colours(len(METHODS))]
+    assert len(set(palette)) == len(METHODS)
+    seen = {tuple(pixel) for pixel in image.reshape(-1, 3)}
+    assert all(colour in seen for colour in palette), [c for c in palette if c not in seen]
+
+
+def shown(cell: str, value: float) -> bool:
+    """Whether a table cell ("15.1 MB", "698 bytes", "18.4 min", "+4.7%", "20×") shows `value`: within half
+    its last digit."""
+    scales = {"bytes": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9, "s": 1, "min": 60, "h": 3600, "days": 86400}
+    number, _, unit = cell.replace(",", "").rstrip("×%").partition(" ")
+    scale = scales.get(unit, 1) / (100 if cell.endswith("%") else 1)
+    decimals = len(number.partition(".")[2])
+    return abs(float(number) * scale - value) <= (0.5 * 10**-decimals + 1e-9) * scale
+
+
+def test_every_cell_of_the_table_is_its_runs_number_in_results_json(bench):
+    out, _, o, _ = bench
+    _, _, *rows = cells((out / "table.md").read_text())
+    ddp = o["ddp"]
+    for name, loss, vs_ddp, moved, fewer, peak, seconds, utilization in rows:
+        run = o[name]
+        assert shown(loss, run["heldout_loss"]), (name, loss)
+        assert shown(vs_ddp, run["heldout_loss"] / ddp["heldout_loss"] - 1), (name, vs_ddp)
+        assert shown(moved, run["bytes_per_worker"]), (name, moved)
+        assert shown(fewer, ddp["bytes_per_worker"] / run["bytes_per_worker"]), (name, fewer)
+        assert shown(peak, run["peak_bytes_per_sync"]), (name, peak)
+        assert shown(seconds, run["simulated_seconds"]), (name, seconds)
+        assert shown(utilization, run["utilization"]), (name, utilization)
 
 
 def test_the_display_prints_plain_lines_off_a_terminal(bench):

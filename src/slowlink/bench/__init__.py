@@ -1,6 +1,5 @@
-"""slowlink bench: the methods side by side on the demo's byte-level language model, each in the simulator
-(or, for DDP and DeMo, in lockstep in one process) with the same seed, data order and samples; a table, plots
-and a live display. The methods are entries of one registry (registry.py); docs/bench.md says how to read it.
+"""slowlink bench: the methods side by side on the demo's byte-level language model, each in a simulator (DDP:
+one model on the joined batch) with the same seed, data order and samples; a table, plots and a live display. The methods are entries of one registry (registry.py); docs/bench.md says how to read it.
 """
 
 from .config import PRESETS, BenchConfig

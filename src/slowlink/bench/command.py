@@ -29,6 +29,7 @@ BENCH_HELP = {  # option -> (metavar, help); the preset gives every default
     "--demo-lr": ("LR", "DeMo's peak learning rate (1e-2)"),
     "--seed": ("S", "seed of the models, the data and the schedule"),
     "--methods": ("LIST", f"comma-separated, of {', '.join(METHODS)} (default: all)"),
+    "--jobs": ("J", "methods run at once, each in its own process (2); the numbers do not depend on it"),
 }
 
 
@@ -63,7 +64,7 @@ def add_bench(commands: argparse._SubParsersAction) -> None:
 def run_command(args: argparse.Namespace) -> int:
 
     changes: dict = {"out": args.out}
-    for option in ("--steps", "--workers", "--sync-every", "--fragments", "--batch-size", "--seed"):
+    for option in ("--steps", "--workers", "--sync-every", "--fragments", "--batch-size", "--seed", "--jobs"):
         text = getattr(args, option[2:].replace("-", "_"))
         if text is not None:
             changes[option[2:].replace("-", "_")] = parse_int(
@@ -84,7 +85,7 @@ def run_command(args: argparse.Namespace) -> int:
     changes.update({name: getattr(args, name) for name in ("model", "exchange") if getattr(args, name)})
     config = preset("smoke" if args.smoke else "quick" if args.quick else "full", **changes)
     console = make_console()
-    result = run_bench(config, LiveView(console))
+    result = run_bench(config, LiveView(console), save=lambda so_far: write_results(so_far, Path(config.out)))
     files = write_results(result, Path(config.out))
     print(markdown_table(result))
     print("files: " + ", ".join(str(path) for path in files))

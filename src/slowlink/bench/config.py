@@ -13,7 +13,7 @@ from ..errors import ConfigError
 SYNC_STEPS = 90  # T_AR(4N bytes) / T_c: FGDiLoCo's 1.5B model on 100 Mbps links (§8)
 EXCHANGES = ("allreduce", "store")
 SIZES = ("micro", "tiny", "small")
-_COUNTS = ("steps", "workers", "sync_every", "fragments", "batch_size", "eval_windows", "demo_topk")
+_COUNTS = ("steps", "workers", "sync_every", "fragments", "batch_size", "eval_windows", "demo_topk", "jobs")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +36,7 @@ class BenchConfig:
     # 1e-2 gave --quick's lowest held-out loss (2.81, 2.66 and 2.84 for the others at 3e-3 and above)
     demo_lr: float = 1e-2
     methods: tuple[str, ...] = ()  # registry names; empty: every entry
+    jobs: int = 2  # entries run at once, each in its own process on one thread: the bench's 2 cores
     out: str = "slowlink-bench"
 
     def __post_init__(self) -> None:

@@ -1,5 +1,5 @@
 """What one method's run gives the table and the plots: its held-out loss, its curve, its bytes and its
-simulated time. Every runner (runners.py, lockstep.py) returns one Outcome; report.py draws them."""
+simulated time. Every runner (runners.py) returns one Outcome; report.py draws them."""
 
 from __future__ import annotations
 

@@ -93,6 +93,8 @@ def markdown_table(result: BenchResult) -> str:
               f"{c.step_time:g} s of compute per step, DiLoCo's rounds by {c.exchange}. Held-out loss in nats "
               f"per byte on Python {result.corpus['python']}'s held-out stdlib files.", ""]  # fmt: skip
     lines += [f"- `{o.name}`: {METHODS[o.name].summary}" for o in result.outcomes]
+    if result.unfinished:
+        lines += ["", f"Not finished (yet): {', '.join(result.unfinished)}."]
     return "\n".join(lines) + "\n"
 
 
@@ -104,6 +106,16 @@ def smoothed(values: list[float], window: int) -> list[float]:
     return out
 
 
+def colours(count: int) -> list[tuple[float, float, float]]:
+    """One colour per method, all distinct up to 20: tab20's strong ten first (matplotlib's usual cycle),
+    then its light ten. The default cycle has ten, and the bench has more methods than that."""
+    import matplotlib
+
+    table = matplotlib.colormaps["tab20"].colors
+    order = [*range(0, 20, 2), *range(1, 20, 2)]
+    return [tuple(table[order[i % 20]]) for i in range(count)]
+
+
 def plot(result: BenchResult, path: Path) -> Path:
     import matplotlib
 
@@ -112,15 +124,14 @@ def plot(result: BenchResult, path: Path) -> Path:
 
     figure, (by_step, by_time, moved) = plt.subplots(1, 3, figsize=(15, 4.5))
     window = max(1, result.config.steps // 20)
-    for o in result.outcomes:
+    palette = colours(len(result.outcomes))
+    for o, colour in zip(result.outcomes, palette, strict=True):
         steps, seconds, losses = zip(*o.curve, strict=True)
         line = smoothed(list(losses), window)
-        by_step.plot(steps, line, label=o.name)
-        by_time.plot([s / 3600 for s in seconds], line, label=o.name)
+        by_step.plot(steps, line, label=o.name, color=colour)
+        by_time.plot([s / 3600 for s in seconds], line, label=o.name, color=colour)
     names = [o.name for o in result.outcomes]
-    moved.barh(
-        names, [o.bytes_per_worker for o in result.outcomes], color=[f"C{i}" for i in range(len(names))]
-    )
+    moved.barh(names, [o.bytes_per_worker for o in result.outcomes], color=palette)
     moved.set_xscale("log")
     moved.invert_yaxis()
     for axes, label in ((by_step, "step"), (by_time, "simulated hours")):

@@ -75,13 +75,15 @@ def run_demo(
     network: Network | None = None,
     seed: int = 0,
     loss: Callable[[object, object], object] | None = None,
+    lr_factor: Callable[[int], float] | None = None,
     **options,
 ) -> DeMoSimResult:
     """Simulate `workers` DeMo nodes training `steps` steps each, in lockstep (DeMo waits for every node).
 
     make_model(): a fresh torch model (seeded with `seed` before each call, so every worker starts alike).
     batches(worker, step): the batch a worker trains on at its step. loss(model, batch): a scalar tensor;
-    default model(*batch), or its last element if it returns a tuple. options: sl.DeMo's (topk, chunk,
+    default model(*batch), or its last element if it returns a tuple. lr_factor(step): the share of `lr`
+    every worker steps with at a step (from 0), a schedule; default 1. options: sl.DeMo's (topk, chunk,
     values, transform, ...). A step ends for everyone when the slowest worker's payload is in everywhere."""
     speeds, network = _check(workers, steps, step_seconds, network, options)
     loss = loss if loss is not None else _default_loss
@@ -92,6 +94,9 @@ def run_demo(
     for step in range(steps):
         payloads, values = [], []
         for w, (model, optimizer) in enumerate(zip(models, optimizers, strict=True)):
+            if lr_factor is not None:
+                for group in optimizer.param_groups:
+                    group["lr"] = lr * lr_factor(step)
             optimizer.zero_grad()
             value = loss(model, batches(w, step))
             value.backward()
