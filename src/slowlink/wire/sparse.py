@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import PayloadError
 from . import rice
 
-VERSION = 3
+VERSION = 4
 HEADER = struct.Struct("<BB")
 VALUE_FORMATS = ("f32", "bf16", "2bit", "sign")
 SCALES = ("tensor", "chunk")
