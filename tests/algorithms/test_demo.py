@@ -90,15 +90,14 @@ def test_compress_subtracts_exactly_what_was_sent():
     m = 0.9 * state.momentum["w"] + 0.5 * g["w"]
     layout = d.layout_of((8, 4), 4)
     basis = d.basis_of(layout, "dct", seed=0, step=0, like=m)
-    removed = d.inverse(d.scatter(sent["w"], layout.chunk_numel), layout, basis)
+    (sent,) = sent  # one group: the one tensor
+    removed = d.inverse(d.scatter(sent, layout.chunk_numel), layout, basis)
     assert torch.allclose(after.momentum["w"], m - removed, atol=1e-6)
     # the coefficients left in m are the unsent ones: at the sent indices only the quantization error
     left = d.forward(after.momentum["w"], layout, basis)
     full = d.forward(m, layout, basis)
-    assert torch.allclose(
-        left.gather(1, sent["w"].indices), full.gather(1, sent["w"].indices) - sent["w"].values, atol=1e-5
-    )
-    unsent = torch.ones_like(full, dtype=torch.bool).scatter_(1, sent["w"].indices, False)
+    assert torch.allclose(left.gather(1, sent.indices), full.gather(1, sent.indices) - sent.values, atol=1e-5)
+    unsent = torch.ones_like(full, dtype=torch.bool).scatter_(1, sent.indices, False)
     assert torch.allclose(left[unsent], full[unsent], atol=1e-5)
 
 
@@ -110,3 +109,32 @@ def test_a_node_whose_coefficients_are_impossible_is_refused_with_the_reason():
     assert "twice" in d.refusal(d.Sparse(torch.tensor([[5, 5]]), good.values), layout, 2)
     assert "NaN" in d.refusal(d.Sparse(good.indices, torch.tensor([[1.0, math.nan]])), layout, 2)
     assert "expected" in d.refusal(d.Sparse(torch.tensor([[0, 5, 6]]), torch.ones(1, 3)), layout, 2)
+
+
+@pytest.mark.parametrize(
+    "values, scale", [("f32", "tensor"), ("2bit", "tensor"), ("sign", "tensor"), ("2bit", "chunk")]
+)
+def test_tensors_of_one_chunk_shape_are_compressed_together_as_each_alone(values, scale):
+    # Batched as one stack of chunks (the speed of a step), each tensor still gets its own scale, picks and
+    # subtraction: the same as compressing it alone. A 1-d tensor has chunks of another shape: its own group.
+    shapes = {"a": (128, 64), "b": (64, 192), "c": (64,), "d": (64, 64)}
+    gen = torch.Generator().manual_seed(9)
+    grads = {name: torch.randn(shape, generator=gen) for name, shape in shapes.items()}
+    momentum = {name: torch.randn(shape, generator=gen) for name, shape in shapes.items()}
+    math_ = d.demo_math(compression_decay=0.9, topk=8, chunk=64, values=values, value_scale=scale)
+    sent, after = math_.compress(grads, d.DeMoState(momentum, 0), dict.fromkeys(shapes, 0.5))
+    groups = d.groups_of(tuple(shapes.items()), 64)
+    assert [g.names for g in groups] == [("a", "b", "d"), ("c",)]
+    directions, _ = math_.direction([d.Sparse(s.indices[None], s.values[None]) for s in sent], after)
+    for name in shapes:
+        alone, after_alone = math_.compress(
+            {name: grads[name]}, d.DeMoState({name: momentum[name]}, 0), {name: 0.5}
+        )
+        group = next(g for g in range(len(groups)) if name in groups[g].names)
+        place = groups[group].names.index(name)
+        start = sum(layout.chunks for layout in groups[group].layouts[:place])
+        rows = slice(start, start + alone[0].indices.shape[0])
+        assert torch.equal(sent[group].indices[rows].sort(1).values, alone[0].indices.sort(1).values)
+        assert torch.allclose(after.momentum[name], after_alone.momentum[name], atol=1e-5)
+        one, _ = math_.direction([d.Sparse(alone[0].indices[None], alone[0].values[None])], after_alone)
+        assert torch.allclose(directions[name], one[name], atol=1e-5)

@@ -70,10 +70,10 @@ def test_hostile_rice_bytes_are_refused_with_the_reason():
     good = rice_payload()
     decode_sparse(good, chunks=2, k=3, chunk_numel=16)
     prefix = HEADER.size
-    b, unary = rice.PREFIX.unpack_from(good, prefix)
     cases = {
-        "parameter": good[:prefix] + rice.PREFIX.pack(9, unary) + good[prefix + rice.PREFIX.size :],
-        "do not hold": good[:prefix] + rice.PREFIX.pack(b, unary + 1) + good[prefix + rice.PREFIX.size :],
+        "parameter": good[:prefix] + rice.PREFIX.pack(9) + good[prefix + rice.PREFIX.size :],
+        "do not hold": good[: prefix + rice.PREFIX.size] + b"\xff",  # unary codes cut off before their end
+        "one bits": good[: prefix + 2] + bytes([good[prefix + 2] | 1]) + good[prefix + 3 :],  # in the padding
         "truncated": good[:-1],
         "padded": good + b"\0",
     }

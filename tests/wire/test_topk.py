@@ -1,12 +1,16 @@
 """sl.TopK as a wire encoding (wire/topk.py): what it keeps of each chunk, its bytes, error feedback's
 bookkeeping, its name as the run records it, and bad options or bytes refused."""
 
+import json
+
 import numpy as np
 import pytest
 
 import slowlink as sl
+from slowlink.wire import payload
 from slowlink.wire.encodings import get_encoding
 from slowlink.wire.error_feedback import error_feedback_encode
+from slowlink.wire.fragment import encode_fragment
 from slowlink.wire.topk import parse_topk
 
 
@@ -76,3 +80,36 @@ def test_names_and_bytes_that_no_topk_wrote_are_refused():
         codec.decode({"": data[:-1]}, x.shape)
     with pytest.raises(sl.PayloadError, match="NaN"):
         codec.encode(np.full((4, 4), np.nan, np.float32))
+
+
+def test_a_payload_holds_every_tensors_bytes_as_one_entry_and_refuses_a_broken_one():
+    topk = sl.TopK()
+    arrays = {
+        f"layer{i}.{part}": values(shape, i)
+        for i in range(12)
+        for part, shape in (("w", (64, 64)), ("b", (64,)))
+    }
+    encoded, _ = encode_fragment(arrays, topk.name)
+    data = payload.pack_encoded(encoded, {"kind": "delta"}, encoding=topk.name)
+    decoded, _ = payload.unpack(data)
+    codec = get_encoding(topk.name)
+    for name, x in arrays.items():
+        assert np.array_equal(decoded[name], codec.decode(codec.encode(x), x.shape))
+    length = int.from_bytes(data[:8], "little")
+    table = json.loads(data[8 : 8 + length])
+    assert set(table) == {"__metadata__", payload.JOINED}
+    # what a sparse Δ's payload costs beyond its coefficients: its names and shapes, and a few fixed fields
+    coefficients = sum(codec.encode(x)[""].nbytes for x in arrays.values())
+    names = len(json.dumps({name: list(x.shape) for name, x in arrays.items()}, separators=(",", ":")))
+    assert len(data) - coefficients < names * 1.1 + 250
+    first_size = 8 + length  # the joined entry opens with each tensor's size: one changed, the sum is wrong
+    broken = data[:first_size] + bytes([data[first_size] ^ 1]) + data[first_size + 1 :]
+    with pytest.raises(sl.PayloadError, match="truncated or padded"):
+        payload.unpack(broken)
+    plain = payload.pack(arrays, {"kind": "delta"})  # a table of entries, one per tensor, relabelled TopK
+    length = int.from_bytes(plain[:8], "little")
+    table = json.loads(plain[8 : 8 + length])
+    table["__metadata__"]["encoding"] = topk.name
+    head = json.dumps(table).encode()
+    with pytest.raises(sl.PayloadError, match="belongs to no tensor"):
+        payload.unpack(len(head).to_bytes(8, "little") + head + plain[8 + length :])

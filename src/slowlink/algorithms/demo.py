@@ -108,13 +108,22 @@ def basis_of(layout: ChunkLayout, transform: str, *, seed: int, step: int, like:
 
 def forward(x: torch.Tensor, layout: ChunkLayout, basis: Basis) -> torch.Tensor:
     """(chunks, h·w) coefficients of x: every chunk at once, as two batched matrix products."""
-    return (basis.rows @ to_chunks(x, layout) @ basis.cols.T).reshape(layout.chunks, -1)
+    return forward_blocks(to_chunks(x, layout), basis)
 
 
 def inverse(coefficients: torch.Tensor, layout: ChunkLayout, basis: Basis) -> torch.Tensor:
     """The tensor whose forward() is `coefficients` (the bases are orthonormal: the inverse is the transpose)."""
-    blocks = coefficients.reshape(-1, layout.h, layout.w)
-    return from_chunks(basis.rows.T @ blocks @ basis.cols, layout)
+    return from_chunks(inverse_blocks(coefficients, basis), layout)
+
+
+def forward_blocks(blocks: torch.Tensor, basis: Basis) -> torch.Tensor:
+    """(chunks, h·w) coefficients of (chunks, h, w) blocks, of one tensor or of many with one chunk shape."""
+    return (basis.rows @ blocks @ basis.cols.T).reshape(blocks.shape[0], -1)
+
+
+def inverse_blocks(coefficients: torch.Tensor, basis: Basis) -> torch.Tensor:
+    h, w = basis.rows.shape[0], basis.cols.shape[0]
+    return basis.rows.T @ coefficients.reshape(-1, h, w) @ basis.cols
 
 
 class Sparse(NamedTuple):
@@ -136,6 +145,17 @@ def scatter(sparse: Sparse, chunk_numel: int) -> torch.Tensor:
     return dense.scatter_(1, sparse.indices, sparse.values)
 
 
+def inverse_sparse(sparse: Sparse, basis: Basis) -> torch.Tensor:
+    """(chunks, h, w) blocks of the inverse transform of k coefficients a chunk. Each coefficient (u, v) is
+    the outer product of row u of the two bases, so the blocks are one batched product over k, cheaper
+    than the dense inverse's h + w while k is below it; at or above it, the dense inverse."""
+    h, w = basis.rows.shape[0], basis.cols.shape[0]
+    if sparse.indices.shape[1] >= h + w:
+        return inverse_blocks(scatter(sparse, h * w), basis)
+    rows = basis.rows[sparse.indices // w] * sparse.values.unsqueeze(-1)  # (chunks, k, h)
+    return rows.transpose(1, 2) @ basis.cols[sparse.indices % w]  # (chunks, h, k) @ (chunks, k, w)
+
+
 def sparse_average(gathered: Sparse, chunk_numel: int, how: str) -> torch.Tensor:
     """Every node's coefficients (indices and values (M, chunks, k)) averaged into dense (chunks, h·w):
     over the nodes that picked each coefficient ("contributors", the code's rule) or over all M ("all")."""
@@ -149,26 +169,41 @@ def sparse_average(gathered: Sparse, chunk_numel: int, how: str) -> torch.Tensor
     return total / counts.clamp(min=1.0)
 
 
-def _group_reduce(magnitudes: torch.Tensor, scale: str, reduce: str) -> torch.Tensor:
+def _group_reduce(
+    magnitudes: torch.Tensor, scale: str, reduce: str, owners: torch.Tensor | None
+) -> torch.Tensor:
+    """(chunks, 1) scales, or one: per chunk, per tensor (owners[c]: the tensor of chunk c, when the chunks
+    are of several tensors) or over all."""
     if scale == "chunk":
         reduced = magnitudes.amax(1, keepdim=True) if reduce == "max" else magnitudes.mean(1, keepdim=True)
-    else:
+    elif owners is None:
         reduced = magnitudes.amax() if reduce == "max" else magnitudes.mean()
+    else:
+        tensors = int(owners[-1]) + 1
+        per_chunk = magnitudes.amax(1) if reduce == "max" else magnitudes.sum(1)
+        how = "amax" if reduce == "max" else "sum"
+        reduced = per_chunk.new_zeros(tensors).scatter_reduce_(0, owners, per_chunk, how, include_self=False)
+        if reduce == "mean":
+            reduced = reduced / (torch.bincount(owners, minlength=tensors) * magnitudes.shape[1])
+        reduced = reduced[owners].unsqueeze(1)
     return reduced.to(torch.bfloat16).to(magnitudes.dtype)  # a bf16 scale: 2 bytes on the wire
 
 
-def quantize(values: torch.Tensor, how: str, scale: str = "tensor") -> torch.Tensor:
+def quantize(
+    values: torch.Tensor, how: str, scale: str = "tensor", owners: torch.Tensor | None = None
+) -> torch.Tensor:
     """The values as the wire carries them (wire/sparse.py packs exactly these): "f32" as they are, "bf16"
     rounded to nearest even, "2bit" on TWO_BIT_LEVELS·s with s = max|v|, "sign" as ±s with s = mean|v|
-    (s per tensor or per chunk, itself rounded to bf16)."""
+    (s per tensor or per chunk, itself rounded to bf16; `owners`, the tensor of each chunk, when the
+    (chunks, k) values are of several tensors)."""
     if how == "f32":
         return values
     if how == "bf16":
         return values.to(torch.bfloat16).to(values.dtype)
     if how == "sign":
-        s = _group_reduce(values.abs(), scale, "mean")
+        s = _group_reduce(values.abs(), scale, "mean", owners)
         return torch.where(values >= 0, s, -s)
-    s = _group_reduce(values.abs(), scale, "max")
+    s = _group_reduce(values.abs(), scale, "max", owners)
     codes = torch.round((values / torch.where(s > 0, s, 1.0) + 1.0) * 1.5).clamp(0, 3).long()
     return torch.tensor(TWO_BIT_LEVELS, dtype=values.dtype, device=values.device)[codes] * s
 
@@ -188,6 +223,55 @@ def refusal(gathered: Sparse, layout: ChunkLayout, k: int) -> str | None:
     return None
 
 
+class Group(NamedTuple):
+    """The tensors whose chunks have one shape (h, w), in the parameters' order: transformed, picked and
+    averaged together, as one stack of chunks (what makes a step a few large products, not many small)."""
+
+    names: tuple[str, ...]
+    layouts: tuple[ChunkLayout, ...]
+
+    @property
+    def chunk_numel(self) -> int:
+        return self.layouts[0].chunk_numel
+
+    @property
+    def chunks(self) -> int:
+        return sum(layout.chunks for layout in self.layouts)
+
+    @property
+    def owners(self) -> list[int]:
+        """The tensor (its place in the group) of each chunk of the stack."""
+        return [t for t, layout in enumerate(self.layouts) for _ in range(layout.chunks)]
+
+
+@lru_cache(maxsize=64)
+def groups_of(shapes: tuple[tuple[str, tuple[int, ...]], ...], chunk: int) -> tuple[Group, ...]:
+    """The groups of (name, shape) pairs, in the order each chunk shape first appears."""
+    by_shape: dict[tuple[int, int], list[tuple[str, ChunkLayout]]] = {}
+    for name, shape in shapes:
+        layout = layout_of(tuple(shape), chunk)
+        by_shape.setdefault((layout.h, layout.w), []).append((name, layout))
+    return tuple(
+        Group(tuple(n for n, _ in members), tuple(lay for _, lay in members)) for members in by_shape.values()
+    )
+
+
+def stack_chunks(tensors: dict[str, torch.Tensor], group: Group) -> torch.Tensor:
+    """(chunks, h, w): the group's tensors' chunks, one tensor after another."""
+    blocks = [
+        to_chunks(tensors[name], layout) for name, layout in zip(group.names, group.layouts, strict=True)
+    ]
+    return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+
+
+def unstack_chunks(blocks: torch.Tensor, group: Group) -> dict[str, torch.Tensor]:
+    pieces = blocks.split([layout.chunks for layout in group.layouts])
+    return {
+        name: from_chunks(piece, layout)
+        for name, piece, layout in zip(group.names, pieces, group.layouts, strict=True)
+    }
+
+
 @dataclass(frozen=True)
 class DeMoState:
     """The momentum m of each tensor (float32, the tensor's shape) and the steps completed."""
@@ -198,7 +282,7 @@ class DeMoState:
 
 class DeMoMath(NamedTuple):
     init: Callable[[dict[str, torch.Tensor]], DeMoState]
-    compress: Callable[..., tuple[dict[str, Sparse], DeMoState]]
+    compress: Callable[..., tuple[list[Sparse], DeMoState]]
     direction: Callable[..., tuple[dict[str, torch.Tensor], DeMoState]]
 
 
@@ -217,36 +301,43 @@ def demo_math(
     """One DeMo step in two halves around the exchange (§6.1, β = compression_decay, k = topk, s = chunk):
         compress:  m ← β·m + lr·g ;  (idx, v) = quantize(topk_k(T_t(m))) ;  m ← m − subtract·T_t⁻¹(idx, v)
         direction: u = T_t⁻¹(average over nodes of (idx, v)) ;  the caller steps p ← p − lr·sign(u)
-    T_t is the chunked DCT-II, the identity, or a random orthonormal transform drawn for step t."""
+    T_t is the chunked DCT-II, the identity, or a random orthonormal transform drawn for step t. Both halves
+    work on groups_of(the tensors): what compress sends is one Sparse per group, (chunks, k) each."""
     beta, factor = float(compression_decay), float(subtract)
 
     def init(params: dict[str, torch.Tensor]) -> DeMoState:
         return DeMoState({name: torch.zeros_like(p, dtype=torch.float32) for name, p in params.items()}, 0)
 
+    def groups(tensors: dict[str, torch.Tensor]) -> tuple[Group, ...]:
+        return groups_of(tuple((name, tuple(t.shape)) for name, t in tensors.items()), chunk)
+
+    def basis(group: Group, step: int, like: torch.Tensor) -> Basis:
+        return basis_of(group.layouts[0], transform, seed=seed, step=step, like=like)
+
     def compress(
         grads: dict[str, torch.Tensor], state: DeMoState, lr: dict[str, float]
-    ) -> tuple[dict[str, Sparse], DeMoState]:
-        sent, momentum = {}, {}
-        for name, g in grads.items():
-            m = beta * state.momentum[name] + float(lr[name]) * g.to(torch.float32)
-            layout = layout_of(tuple(m.shape), chunk)
-            basis = basis_of(layout, transform, seed=seed, step=state.step, like=m)
-            picked = top_k(forward(m, layout, basis), topk)
-            picked = Sparse(picked.indices, quantize(picked.values, values, value_scale))
-            sent[name] = picked
-            momentum[name] = m - factor * inverse(scatter(picked, layout.chunk_numel), layout, basis)
-        return sent, DeMoState(momentum, state.step)
-
-    def direction(gathered: dict[str, Sparse], state: DeMoState) -> tuple[dict[str, torch.Tensor], DeMoState]:
-        """u per tensor from every node's coefficients ((M, chunks, k) each); the step is then complete."""
-        out = {}
-        for name, sparse in gathered.items():
-            m = state.momentum[name]
-            layout = layout_of(tuple(m.shape), chunk)
-            basis = basis_of(layout, transform, seed=seed, step=state.step, like=m)
-            out[name] = inverse(
-                sparse_average(sparse, layout.chunk_numel, sparse_average_over), layout, basis
+    ) -> tuple[list[Sparse], DeMoState]:
+        momentum = {name: beta * state.momentum[name] + float(lr[name]) * g.to(torch.float32)
+                    for name, g in grads.items()}  # fmt: skip
+        sent, after = [], {}
+        for group in groups(momentum):
+            blocks = stack_chunks(momentum, group)
+            b = basis(group, state.step, blocks)
+            picked = top_k(forward_blocks(blocks, b), topk)
+            owners = torch.tensor(group.owners, device=blocks.device) if len(group.names) > 1 else None
+            picked = Sparse(picked.indices, quantize(picked.values, values, value_scale, owners))
+            sent.append(picked)
+            after.update(
+                unstack_chunks(blocks - factor * inverse_sparse(picked, b) if factor else blocks, group)
             )
+        return sent, DeMoState({name: after[name] for name in momentum}, state.step)
+
+    def direction(gathered: list[Sparse], state: DeMoState) -> tuple[dict[str, torch.Tensor], DeMoState]:
+        """u per tensor from every node's coefficients ((M, chunks, k) a group); the step is then complete."""
+        out = {}
+        for group, sparse in zip(groups(state.momentum), gathered, strict=True):
+            averaged = sparse_average(sparse, group.chunk_numel, sparse_average_over)
+            out.update(unstack_chunks(inverse_blocks(averaged, basis(group, state.step, averaged)), group))
         return out, DeMoState(state.momentum, state.step + 1)
 
     return DeMoMath(init, compress, direction)

@@ -16,9 +16,10 @@ from ..algorithms.demo import (
     VALUE_SCALES,
     VALUES,
     DeMoState,
+    Group,
     Sparse,
     demo_math,
-    layout_of,
+    groups_of,
 )
 from ..engine.exchange import CoefficientExchange, SingleNode
 from ..errors import ConfigError, PayloadError, SessionStateError
@@ -106,10 +107,11 @@ class DeMo(torch.optim.Optimizer):
         self.topk, self.chunk, self.values, self.value_scale = topk, chunk, values, value_scale
         self.exchange = exchange if exchange is not None else _default_exchange()
         self.refusals: list[tuple[int, str, str]] = []  # (node, tensor, reason), every step's
-        self._layouts = {name: layout_of(tuple(p.shape), chunk) for name, p, _ in self._named()}
+        # The frame holds one part per group of tensors with one chunk shape (algorithms/demo.groups_of).
+        self._groups = groups_of(tuple((name, tuple(p.shape)) for name, p, _ in self._named()), chunk)
         self._max_bytes = frame_size([
-            packed_size(lay.chunks, min(topk, lay.chunk_numel), lay.chunk_numel, values, value_scale)
-            for lay in self._layouts.values()
+            packed_size(g.chunks, self._k(g), g.chunk_numel, values, value_scale, self._segments(g))
+            for g in self._groups
         ])  # fmt: skip
         self._step, self._sent, self._pending = 0, 0, None
         self.stats = {"steps": 0, "sent_bytes": 0, "received_bytes": 0, "missing": 0}
@@ -118,6 +120,13 @@ class DeMo(torch.optim.Optimizer):
             sparse_average_over=sparse_average, subtract=subtract, values=values, value_scale=value_scale,
             seed=seed,
         )  # fmt: skip
+
+    def _k(self, group: Group) -> int:
+        return min(self.topk, group.chunk_numel)
+
+    def _segments(self, group: Group) -> tuple[int, ...] | None:
+        """The chunks of each tensor of a group, where its values have a scale per tensor."""
+        return tuple(layout.chunks for layout in group.layouts) if len(group.names) > 1 else None
 
     def _named(self) -> list[tuple[str, torch.Tensor, dict]]:
         return [
@@ -155,9 +164,9 @@ class DeMo(torch.optim.Optimizer):
             grads, state, {name: group["lr"] for name, _, group in named}
         )
         parts = [
-            encode_sparse(s.indices.cpu().numpy(), s.values.float().cpu().numpy(), self._layouts[name].chunk_numel,
-                          values_as=self.values, scale=self.value_scale)
-            for name, s in sent.items()
+            encode_sparse(s.indices.cpu().numpy(), s.values.float().cpu().numpy(), group.chunk_numel,
+                          values_as=self.values, scale=self.value_scale, segments=self._segments(group))
+            for group, s in zip(self._groups, sent, strict=True)
         ]  # fmt: skip
         payload = encode_frame(self._step, parts)
         self._sent = len(payload)
@@ -184,8 +193,8 @@ class DeMo(torch.optim.Optimizer):
         self.stats["received_bytes"] += sum(len(row) for row in rows if row is not None)  # its own included
         self.stats["missing"] += sum(row is None for row in rows)
 
-    def _decode(self, rows: list[bytes | None]) -> dict[str, Sparse]:
-        """Every node's coefficients per tensor, (nodes, chunks, k), less those missing or failing a check."""
+    def _decode(self, rows: list[bytes | None]) -> list[Sparse]:
+        """Every node's coefficients per group, (nodes, chunks, k), less those missing or failing a check."""
         device = next(iter(self._pending.momentum.values())).device
         kept: list[list[tuple]] = []
         for node, row in enumerate(rows):
@@ -199,20 +208,27 @@ class DeMo(torch.optim.Optimizer):
         if not kept:  # an exchange's rows hold this node's own payload, which always decodes
             raise SessionStateError(f"DeMo step {self._step}: the exchange returned no node's payload, not even "
                                     "this node's own; an exchange must return every row, its own included")  # fmt: skip
-        out = {}
-        for t, name in enumerate(self._layouts):
+        out = []
+        for t in range(len(self._groups)):
             indices = torch.from_numpy(np.stack([node[t][0] for node in kept])).to(device)
             values = torch.from_numpy(np.stack([node[t][1] for node in kept])).to(device)
-            out[name] = Sparse(indices, values)
+            out.append(Sparse(indices, values))
         return out
 
     def _decode_row(self, row: bytes) -> list[tuple[np.ndarray, np.ndarray]]:
-        parts = decode_frame(row, step=self._step, tensors=len(self._layouts))
+        parts = decode_frame(row, step=self._step, tensors=len(self._groups))
         decoded = []
-        for part, (name, layout) in zip(parts, self._layouts.items(), strict=True):
+        for part, group in zip(parts, self._groups, strict=True):
             try:
-                decoded.append(decode_sparse(part, chunks=layout.chunks, k=min(self.topk, layout.chunk_numel),
-                                             chunk_numel=layout.chunk_numel))  # fmt: skip
+                decoded.append(decode_sparse(part, chunks=group.chunks, k=self._k(group),
+                                             chunk_numel=group.chunk_numel, segments=self._segments(group)))  # fmt: skip
             except PayloadError as error:
-                raise PayloadError(name, str(error)) from None
+                raise PayloadError(_group_name(group), str(error)) from None
         return decoded
+
+
+def _group_name(group: Group) -> str:
+    """How a refusal names a group: its tensors' chunk shape and first tensor."""
+    layout = group.layouts[0]
+    more = f" and {len(group.names) - 1} more" if len(group.names) > 1 else ""
+    return f"{layout.h}×{layout.w} chunks of {group.names[0]}{more}"

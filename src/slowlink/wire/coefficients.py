@@ -1,17 +1,17 @@
-"""One node's coefficients of one DeMo step on the wire: the packed sparse coefficients of each tensor
-(wire/sparse.py), in the order of the parameters, framed with the step they belong to. What every exchange
+"""One node's coefficients of one DeMo step on the wire: the packed sparse coefficients (wire/sparse.py) of
+each group of tensors with one chunk shape (algorithms/demo.groups_of), in the groups' order, framed with the step they belong to. What every exchange
 (torch.distributed, a mailbox, the simulator) carries; a reader refuses a frame of another step or shape.
 
-    header  "SLDS", version, 0, 0, 0, step (u64), tensors (u32)      little-endian
-    sizes   tensors × u32, the bytes of each tensor's packed coefficients
-    parts   each tensor's packed coefficients, in order
+    header  "SLDS", version, 0, 0, 0, step (u64), parts (u32)      little-endian
+    sizes   parts × u32, the bytes of each group's packed coefficients
+    parts   each group's packed coefficients, in order
 """
 
 import struct
 
 from ..errors import PayloadError
 
-MAGIC, VERSION = b"SLDS", 1
+MAGIC, VERSION = b"SLDS", 2
 HEADER = struct.Struct("<4sB3xQI")
 SIZE = struct.Struct("<I")
 
@@ -36,7 +36,7 @@ def decode_frame(data: bytes, *, step: int, tensors: int) -> list[bytes]:
     if sent_step != step:
         raise PayloadError(f"coefficients of step {sent_step} where step {step} was expected")
     if count != tensors:
-        raise PayloadError(f"{count} tensors where the model has {tensors}: the wrong count")
+        raise PayloadError(f"{count} parts where the model's tensors make {tensors} groups: the wrong count")
     body = HEADER.size + SIZE.size * count
     if len(data) < body:
         raise PayloadError(f"{len(data)} bytes: too short for the sizes of {count} tensors")

@@ -48,11 +48,14 @@ CHUNK_BLOCKS = 8192  # blocks per pass: 1 MiB of float32, so the temporaries of 
 
 @dataclass(frozen=True)
 class Encoding:
-    """A format's pair of functions; `encode`'s arrays may share memory with its input (F32 does)."""
+    """A format's pair of functions; `encode`'s arrays may share memory with its input (F32 does).
+    `joined`: each tensor encodes to one entry of bytes, and a payload holds them all as one entry (a
+    sparse tensor's bytes are fewer than its own line in a payload's table: payload.py)."""
 
     name: str
     encode: Callable[[np.ndarray], dict[str, np.ndarray]]
     decode: Callable[[dict[str, np.ndarray], tuple[int, ...]], np.ndarray]
+    joined: bool = False
 
 
 F16_LIMIT = 65520.0  # the first magnitude that rounds to infinity in F16

@@ -27,6 +27,9 @@ MAX_DIMS = 32  # numpy 1's limit; no model has a tensor of more dimensions
 # Values in one tensor: 2**53 - 1 keeps every byte count (≤ 8 bytes a value) within int64, so numpy
 # never wraps, and every count exact as a float64.
 MAX_ELEMENTS = 2**53 - 1
+# The one entry of a joined encoding's payload (Encoding.joined: sl.TopK's): every tensor's bytes.
+JOINED = "@joined"
+_NOTHING = np.zeros(0, np.uint8)
 
 
 def digest(data: bytes) -> str:
@@ -66,6 +69,17 @@ def encode_arrays(arrays: dict[str, np.ndarray], encoding: str) -> dict[str, tup
 def _frame(
     encoded: dict[str, tuple[tuple[int, ...], dict]], header: dict[str, object], encoding: str
 ) -> list:
+    entries = {JOINED: _join(encoded)} if get_encoding(encoding).joined else _entries(encoded)
+    shapes = {name: list(shape) for name, (shape, _) in encoded.items()}
+    # A joined payload's names and shapes outweigh its table: they are written without spaces.
+    separators = (",", ":") if JOINED in entries else None
+    metadata = {"format": FORMAT, "encoding": encoding,
+                "shapes": json.dumps(shapes, sort_keys=True, separators=separators)}  # fmt: skip
+    metadata.update({key: str(value) for key, value in header.items()})
+    return _safetensors_chunks(entries, metadata)
+
+
+def _entries(encoded: dict[str, tuple[tuple[int, ...], dict]]) -> dict[str, np.ndarray]:
     entries: dict[str, np.ndarray] = {}
     for name, (_, parts) in encoded.items():
         for suffix, stored in parts.items():
@@ -75,10 +89,51 @@ def _frame(
                     "rename one so that no name is another's followed by '@'"
                 )
             entries[name + suffix] = np.ascontiguousarray(stored)
-    shapes = {name: list(shape) for name, (shape, _) in encoded.items()}
-    metadata = {"format": FORMAT, "encoding": encoding, "shapes": json.dumps(shapes, sort_keys=True)}
-    metadata.update({key: str(value) for key, value in header.items()})
-    return _safetensors_chunks(entries, metadata)
+    return entries
+
+
+def _join(encoded: dict[str, tuple[tuple[int, ...], dict]]) -> np.ndarray:
+    """The one entry of a joined encoding: each tensor's bytes, in name order, after their sizes (LEB128)."""
+    parts = []
+    for name in sorted(encoded):
+        entries = encoded[name][1]
+        if set(entries) != {""} or entries[""].dtype != np.uint8:
+            raise PayloadError(
+                f"tensor {name!r}: a joined encoding gives one entry of bytes, not {sorted(entries)}"
+            )
+        parts.append(entries[""].ravel())
+    sizes = bytearray()
+    for part in parts:
+        size = part.size
+        while size >= 0x80:
+            sizes.append(size & 0x7F | 0x80)
+            size >>= 7
+        sizes.append(size)
+    return np.concatenate([np.frombuffer(bytes(sizes), np.uint8), *parts])
+
+
+def _split(joined: np.ndarray, names: list[str]) -> dict[str, dict[str, np.ndarray]]:
+    """Each tensor's entry from a joined entry (`_join`'s), or PayloadError."""
+    if joined.dtype != np.uint8 or joined.ndim != 1:
+        raise PayloadError(f"the joined entry is {joined.dtype}{list(joined.shape)}, not bytes")
+    sizes, at = [], 0
+    for name in names:
+        size, shift = 0, 0
+        while True:
+            if at >= joined.size or shift > 56:
+                raise PayloadError(f"the joined entry is truncated in the size of tensor {brief(name)}")
+            byte = int(joined[at])
+            size, shift, at = size | (byte & 0x7F) << shift, shift + 7, at + 1
+            if byte < 0x80:
+                break
+        sizes.append(size)
+    if at + sum(sizes) != joined.size:
+        raise PayloadError(f"the joined entry holds {joined.size - at} bytes of tensors whose sizes add up to "
+                           f"{sum(sizes)}: truncated or padded")  # fmt: skip
+    parts = {}
+    for name, size in zip(names, sizes, strict=True):
+        parts[name], at = {"": joined[at : at + size]}, at + size
+    return parts
 
 
 _CODES = {np.dtype(code): name for name, code in {
@@ -256,7 +311,11 @@ def unpack(
     shapes = _tensor_shapes(header)
     if expect_shapes is not None:
         _check_expected(shapes, expect_shapes)
-    entries = _entry_views(data, table, base, shapes)
+    if codec.joined:
+        joined = _entry_views(data, table, base, {JOINED: ()})[JOINED].get("", _NOTHING)
+        entries = _split(joined, sorted(shapes))
+    else:
+        entries = _entry_views(data, table, base, shapes)
     arrays = {}
     for name, shape in shapes.items():
         try:

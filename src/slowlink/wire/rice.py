@@ -4,7 +4,8 @@ increasing order, become gaps g = i_j − i_(j−1) − 1 (the first: i_0), each
 out of n uniformly spread cost about log2(n/k) + 1.5 bits each, against log2(n) packed.
 
     b          u8, the Rice parameter
-    unary      u32 bytes of unary quotients (then zero bits to a byte), then
+    unary      the unary quotients, then zero bits to a byte: the reader counts the codes' zeros to find
+               their end, so no length is stored (4 bytes a tensor fewer)
     remainders count·b bits, big-endian bit order, padded to a byte
 Vectorized over every index at once: no Python loop per index or per chunk.
 """
@@ -15,7 +16,7 @@ import numpy as np
 
 from ..errors import PayloadError
 
-PREFIX = struct.Struct("<BI")
+PREFIX = struct.Struct("<B")
 
 
 def gaps_of(sorted_indices: np.ndarray) -> np.ndarray:
@@ -51,7 +52,7 @@ def encode_rice(sorted_indices: np.ndarray, b: int) -> bytes:
     unary[np.cumsum(quotients + 1) - 1] = 0  # each code's terminating zero
     unary_bytes = np.packbits(unary).tobytes()
     remainders = _pack_uints(flat & ((1 << b) - 1), b) if b else b""
-    return PREFIX.pack(b, len(unary_bytes)) + unary_bytes + remainders
+    return PREFIX.pack(b) + unary_bytes + remainders
 
 
 def decode_rice(data: bytes, chunks: int, k: int, index_bits: int) -> tuple[np.ndarray, int]:
@@ -59,18 +60,20 @@ def decode_rice(data: bytes, chunks: int, k: int, index_bits: int) -> tuple[np.n
     count = chunks * k
     if len(data) < PREFIX.size:
         raise PayloadError("the Rice-coded indices are truncated before their parameter")
-    b, unary_size = PREFIX.unpack_from(data)
-    if b > index_bits or unary_size > len(data) - PREFIX.size:
-        raise PayloadError(f"Rice parameter {b} and {unary_size} bytes of quotients cannot be this tensor's")
-    unary = np.unpackbits(np.frombuffer(data, np.uint8, unary_size, PREFIX.size))
+    (b,) = PREFIX.unpack_from(data)
+    if b > index_bits:
+        raise PayloadError(f"Rice parameter {b} cannot be this tensor's: its indices take {index_bits} bits")
+    unary = np.unpackbits(np.frombuffer(data, np.uint8, offset=PREFIX.size))
     ends = np.flatnonzero(unary == 0)[:count]
-    used = int(ends[-1]) + 1 if count and ends.size == count else 0
-    if ends.size < count or -(-used // 8) != unary_size:
+    if ends.size < count:
         raise PayloadError(
-            f"{unary_size} bytes of unary quotients do not hold {count} codes: truncated, padded, or the wrong count for this tensor"
+            f"the unary quotients do not hold {count} codes: truncated, or the wrong count for this tensor"
         )
-    if unary[used:].any():
-        raise PayloadError("the unary quotients are padded with one bits, where a coder writes zeros")
+    used = int(ends[-1]) + 1 if count else 0
+    unary_size = -(-used // 8)
+    if unary[used : 8 * unary_size].any():
+        raise PayloadError("the unary quotients are followed by one bits where a coder pads with zeros: "
+                           "corrupted, or the wrong count for this tensor")  # fmt: skip
     quotients = np.diff(ends, prepend=-1) - 1
     start = PREFIX.size + unary_size
     end = start + -(-count * b // 8)

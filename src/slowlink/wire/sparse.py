@@ -7,7 +7,8 @@ or per chunk. Lossless: it packs values already quantized (algorithms/demo.quant
             is the reader's, from the tensor's shape, and any other count fails the length checks
     indices packed: chunks·k indices, `index_bits` each, big-endian bit order, padded to a byte
             rice: wire/rice.py's parameter, unary quotients and remainders
-    scales  (2bit, sign) one bf16 per tensor or per chunk
+    scales  (2bit, sign) one bf16 per tensor or per chunk (a part holding the chunks of several tensors, as
+            DeMo's of one chunk shape, has one per tensor: `segments`, each tensor's chunks, the reader's)
     values  f32: 4 bytes · bf16: 2 bytes · 2bit: codes of TWO_BIT_LEVELS · sign: the sign bit
 """
 
@@ -18,7 +19,7 @@ import numpy as np
 from ..errors import PayloadError
 from . import rice
 
-VERSION = 3
+VERSION = 4
 HEADER = struct.Struct("<BB")
 VALUE_FORMATS = ("f32", "bf16", "2bit", "sign")
 SCALES = ("tensor", "chunk")
@@ -31,22 +32,28 @@ def index_bits(chunk_numel: int) -> int:
     return max(1, (chunk_numel - 1).bit_length())
 
 
-def _scale_count(chunks: int, values: str, scale: str) -> int:
-    return 0 if values in ("f32", "bf16") else (chunks if scale == "chunk" else 1)
+Segments = tuple[int, ...] | None  # the chunks of each tensor in a part, in order; None: one tensor
 
 
-def _values_size(chunks: int, k: int, values: str, scale: str) -> int:
+def _scale_count(chunks: int, values: str, scale: str, segments: Segments) -> int:
+    if values in ("f32", "bf16"):
+        return 0
+    return chunks if scale == "chunk" else (len(segments) if segments else 1)
+
+
+def _values_size(chunks: int, k: int, values: str, scale: str, segments: Segments = None) -> int:
     count = chunks * k
     value_bytes = {"f32": 4 * count, "bf16": 2 * count, "2bit": -(-2 * count // 8), "sign": -(-count // 8)}
-    return 2 * _scale_count(chunks, values, scale) + value_bytes[values]
+    return 2 * _scale_count(chunks, values, scale, segments) + value_bytes[values]
 
 
-def packed_size(chunks: int, k: int, chunk_numel: int, values: str, scale: str = "tensor") -> int:
+def packed_size(
+    chunks: int, k: int, chunk_numel: int, values: str, scale: str = "tensor", segments: Segments = None
+) -> int:
     """Bytes of encode_sparse's output with packed indices, fixed by the layout: the most it ever writes
     (Rice-coded indices are chosen only when shorter)."""
-    return (
-        HEADER.size + -(-chunks * k * index_bits(chunk_numel) // 8) + _values_size(chunks, k, values, scale)
-    )
+    index_bytes = -(-chunks * k * index_bits(chunk_numel) // 8)
+    return HEADER.size + index_bytes + _values_size(chunks, k, values, scale, segments)
 
 
 def _pack_uints(numbers: np.ndarray, bits: int) -> bytes:
@@ -89,22 +96,38 @@ def check_coefficients(indices: np.ndarray, values: np.ndarray, chunk_numel: int
         raise PayloadError("a NaN or infinite value among the coefficients")
 
 
-def _group_scales(values: np.ndarray, scale: str, reduce) -> np.ndarray:
-    """(groups, 1) scales, one per tensor or per chunk."""
+def _group_scales(values: np.ndarray, scale: str, segments: Segments) -> np.ndarray:
+    """(groups, 1) scales, the largest magnitude of each chunk, tensor or segment."""
     magnitudes = np.abs(values)
-    return reduce(magnitudes, axis=1, keepdims=True) if scale == "chunk" else reduce(magnitudes).reshape(1, 1)
+    if scale == "chunk":
+        return magnitudes.max(axis=1, keepdims=True)
+    if not segments:
+        return magnitudes.max().reshape(1, 1)
+    starts = np.cumsum((0, *segments[:-1]))
+    return np.maximum.reduceat(magnitudes.max(axis=1), starts).reshape(-1, 1)
 
 
-def _encode_values(values: np.ndarray, how: str, scale: str) -> bytes:
+def _each_chunks(s: np.ndarray, scale: str, segments: Segments) -> np.ndarray:
+    """Scales of groups as (chunks, 1), or (1, 1): what multiplies each chunk's values."""
+    return np.repeat(s, segments, axis=0) if scale == "tensor" and segments else s
+
+
+def _check_segments(chunks: int, segments: Segments) -> None:
+    if segments is not None and (sum(segments) != chunks or min(segments, default=1) < 1):
+        raise ValueError(f"segments {segments} must be positive and add up to the {chunks} chunks")
+
+
+def _encode_values(values: np.ndarray, how: str, scale: str, segments: Segments) -> bytes:
     if how == "f32":
         return np.ascontiguousarray(values, "<f4").tobytes()
     if how == "bf16":
         return _bf16_bits(values, "the values").tobytes()
-    s = _group_scales(values, scale, np.max)
+    scales = _group_scales(values, scale, segments)
+    s = _each_chunks(scales, scale, segments)
     if how == "sign":
         if np.any(np.abs(values) != s):
             raise PayloadError("sign values must be ±s, one s per group: quantize them first")
-        return _bf16_bits(s, "the scales").tobytes() + np.packbits(np.signbit(values).ravel()).tobytes()
+        return _bf16_bits(scales, "the scales").tobytes() + np.packbits(np.signbit(values).ravel()).tobytes()
     safe = np.where(s > 0, s, np.float32(1))
     codes = np.clip(np.rint((values / safe + 1) * 1.5), 0, 3).astype(np.uint8)
     codes = np.where(s > 0, codes, np.where(np.signbit(values), 1, 2)).astype(np.uint8)
@@ -112,7 +135,7 @@ def _encode_values(values: np.ndarray, how: str, scale: str) -> bytes:
         raise PayloadError(
             "2bit values must lie on TWO_BIT_LEVELS·max|v| of their group: quantize them first"
         )
-    return _bf16_bits(s, "the scales").tobytes() + _pack_uints(codes.ravel(), 2)
+    return _bf16_bits(scales, "the scales").tobytes() + _pack_uints(codes.ravel(), 2)
 
 
 def encode_sparse(
@@ -123,9 +146,11 @@ def encode_sparse(
     values_as: str = "bf16",
     scale: str = "tensor",
     index_coding: str = "shortest",
+    segments: Segments = None,
 ) -> bytes:
     """Pack (chunks, k) chunk-local indices and their values, already quantized as `values_as`, each chunk's
-    sorted by index. index_coding: "packed", "rice", or "shortest" (whichever makes fewer bytes)."""
+    sorted by index. index_coding: "packed", "rice", or "shortest" (whichever makes fewer bytes).
+    segments: the chunks of each tensor, when the part holds several (one scale each)."""
     if (
         values_as not in VALUE_FORMATS
         or scale not in SCALES
@@ -140,6 +165,7 @@ def encode_sparse(
     indices, values = np.take_along_axis(indices, order, 1), np.take_along_axis(values, order, 1)
     check_coefficients(indices, values, chunk_numel)
     chunks, k = indices.shape
+    _check_segments(chunks, segments)
     bits = index_bits(chunk_numel)
     b, coded_bits = rice.best_parameter(rice.gaps_of(indices), bits)
     if index_coding == "shortest":
@@ -148,7 +174,7 @@ def encode_sparse(
     coded = rice.encode_rice(indices, b) if index_coding == "rice" else _pack_uints(indices.ravel(), bits)
     form = VALUE_FORMATS.index(values_as) | SCALES.index(scale) << 2 | INDEX_CODINGS.index(index_coding) << 3
     header = HEADER.pack(VERSION, form)
-    return header + coded + _encode_values(values, values_as, scale)
+    return header + coded + _encode_values(values, values_as, scale, segments)
 
 
 def _read_header(data: bytes) -> tuple[str, str, str]:
@@ -162,13 +188,14 @@ def _read_header(data: bytes) -> tuple[str, str, str]:
     return VALUE_FORMATS[form & 3], SCALES[form >> 2 & 1], INDEX_CODINGS[form >> 3 & 1]
 
 
-def _decode_values(body: bytes, chunks: int, k: int, how: str, scale: str) -> np.ndarray:
-    count, groups = chunks * k, _scale_count(chunks, how, scale)
+def _decode_values(body: bytes, chunks: int, k: int, how: str, scale: str, segments: Segments) -> np.ndarray:
+    count, groups = chunks * k, _scale_count(chunks, how, scale, segments)
     if how == "f32":
         return np.frombuffer(body, "<f4").astype(np.float32).reshape(chunks, k)
     if how == "bf16":
         return _from_bf16_bits(np.frombuffer(body, "<u2")).reshape(chunks, k)
-    s = _from_bf16_bits(np.frombuffer(body[: 2 * groups], "<u2")).reshape(groups, 1)
+    scales = _from_bf16_bits(np.frombuffer(body[: 2 * groups], "<u2")).reshape(groups, 1)
+    s = _each_chunks(scales, scale, segments)
     rest = body[2 * groups :]
     if how == "sign":
         negative = np.unpackbits(np.frombuffer(rest, np.uint8), count=count).reshape(chunks, k).astype(bool)
@@ -176,8 +203,11 @@ def _decode_values(body: bytes, chunks: int, k: int, how: str, scale: str) -> np
     return TWO_BIT_LEVELS[_unpack_uints(rest, count, 2).reshape(chunks, k)] * s
 
 
-def decode_sparse(data: bytes, *, chunks: int, k: int, chunk_numel: int) -> tuple[np.ndarray, np.ndarray]:
+def decode_sparse(
+    data: bytes, *, chunks: int, k: int, chunk_numel: int, segments: Segments = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(indices int64, values float32), both (chunks, k), from a peer's bytes; a PayloadError says why not."""
+    _check_segments(chunks, segments)
     how, scale, coding = _read_header(data)
     bits, count = index_bits(chunk_numel), chunks * k
     if coding == "packed":
@@ -187,10 +217,10 @@ def decode_sparse(data: bytes, *, chunks: int, k: int, chunk_numel: int) -> tupl
     else:
         indices, used = rice.decode_rice(data[HEADER.size :], chunks, k, bits)
         index_end = HEADER.size + used
-    expected = index_end + _values_size(chunks, k, how, scale)
+    expected = index_end + _values_size(chunks, k, how, scale, segments)
     if len(data) != expected:
         raise PayloadError(f"{len(data)} bytes where {chunks} chunks of {k} coefficients out of {chunk_numel} "
                            f"pack into {expected}: truncated, padded, or the wrong count for this tensor")  # fmt: skip
-    values = _decode_values(data[index_end:], chunks, k, how, scale)
+    values = _decode_values(data[index_end:], chunks, k, how, scale, segments)
     check_coefficients(indices, values, chunk_numel)
     return indices, values

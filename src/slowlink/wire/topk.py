@@ -148,4 +148,4 @@ def topk_encoding(name: str) -> Encoding:
         np.put_along_axis(blocks, indices, values, 1)
         return _unblock(blocks, layout, tuple(shape))
 
-    return Encoding(name, encode, decode)
+    return Encoding(name, encode, decode, joined=True)
