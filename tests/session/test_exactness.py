@@ -2,6 +2,8 @@
 averaging every H steps (outer lr 1, no momentum, quorum = every node, no overlap)."""
 
 import copy
+import threading
+import time
 
 import pytest
 import torch
@@ -75,3 +77,44 @@ def test_with_momentum_each_commit_follows_outer_nesterov_from_the_averaged_delt
         theta = theta - 0.7 * (delta + 0.9 * buffer)
     for model in models:
         torch.testing.assert_close(flat(model), theta, atol=1e-5, rtol=0)
+
+
+def test_a_barrier_round_waits_for_a_node_whose_lease_the_merger_has_not_read_yet():
+    """Standard DiLoCo from its first round: the second node enters its Session 1.5 s after the first, whose
+    merger has by then read the leases and seen only its own. "Every live node has reported" must not close
+    a barrier round short of its quorum on that view (it did: round 1 committed node-0 alone)."""
+    nodes, steps, sync_every, lr = 2, 8, 4, 0.1
+    mailbox, models = sl.MemoryMailbox(), [tiny_mlp() for _ in range(nodes)]
+    stats, errors = [None] * nodes, []
+
+    def node(i: int) -> None:
+        try:
+            time.sleep(1.5 * i)
+            with sl.Session(models[i], algorithm=exact(sync_every, nodes), mailbox=mailbox, node_id=f"node-{i}",
+                            poll_seconds=0.005) as session:  # fmt: skip
+                for batch in batches(i, steps):
+                    sgd_step(models[i], batch, lr)
+                    session.step(samples=len(batch[0]))
+            stats[i] = session.stats
+        except BaseException as error:  # raised below
+            errors.append(error)
+
+    threads = [threading.Thread(target=node, args=(i,)) for i in range(nodes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    average = tiny_mlp()
+    node_batches = [batches(i, steps) for i in range(nodes)]
+    for start in range(0, steps, sync_every):
+        replicas = [copy.deepcopy(average) for _ in range(nodes)]
+        for i, replica in enumerate(replicas):
+            for t in range(start, start + sync_every):
+                sgd_step(replica, node_batches[i][t], lr)
+        with torch.no_grad():
+            for p, *qs in zip(average.parameters(), *(r.parameters() for r in replicas), strict=True):
+                p.copy_(torch.stack(qs).mean(dim=0))
+    for model in models:
+        torch.testing.assert_close(flat(model), flat(average), atol=1e-6, rtol=0)
+    assert [s.commits_applied for s in stats] == [steps // sync_every] * nodes

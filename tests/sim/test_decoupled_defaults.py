@@ -64,3 +64,18 @@ def test_two_nodes_drifting_out_of_phase_are_still_merged_into_the_same_rounds()
     merged = [len(commit.contributors) for commit in result.commits]
     assert sum(count == 2 for count in merged) >= 0.85 * len(merged), merged
     assert len(merged) <= 16  # 8 rounds a fragment at most: no round of one node between two of both
+
+
+def test_a_contribution_that_missed_its_round_goes_out_again_at_once_into_the_next():
+    """Speeds 1:2, a round as long as a sync: a round takes as long as the slow node's sync, so its commit lands
+    just after the slow node's next contribution left, anchored at the commit before: late again, round after
+    round (6 late, 425 steps carried before). Re-anchored at once on the commit that missed it, the node joins
+    the round that commit opened from its start."""
+    speeds = [study.STEP_SECONDS, 2 * study.STEP_SECONDS]
+    result = study.sim.run(sl.DiLoCo(sync_every=study.H, fragments=study.FRAGMENTS), study.make_model,
+                           study.batches, loss=study.mse, workers=2, steps=study.STEPS, step_seconds=speeds,
+                           jitter=0.1, network=study.network(1.0), seed=0)  # fmt: skip
+    slow = result.workers[1]
+    assert slow.events["contribution_late"] <= 4 and slow.steps_carried <= 250, dict(slow.events)
+    assert sum(1 in {c[0] for c in commit.contributors} for commit in result.commits) >= 13  # 9 before
+    assert study.held_out(result.models[1]) < 0.13  # 0.153 when the slow node stayed late

@@ -165,14 +165,15 @@ def arrive(
     rounds: Rounds, state: NodeState, fragment: int, version: int, mine: str | None
 ) -> tuple[NodeState, Alignment]:
     """Align `fragment` with commit `version`; `mine` says whether it holds this node's contribution in
-    flight ("merged"), does not ("missed"), or the channel does not know (None: there was none)."""
+    flight ("merged"), does not ("missed"), or the channel does not know (None: there was none). Without a
+    barrier, a fragment whose contribution missed its round is owed: published again at the next step."""
     if version <= state.versions[fragment]:
         return state, Alignment("stale")
     flight = state.flights[fragment]
     if flight is not None and flight.round > version:
         flight = None  # still waiting for a later round
     merged = flight is not None and (flight.fate or mine) == "merged"
-    step_marks, sample_marks = state.step_marks, state.sample_marks
+    step_marks, sample_marks, owed = state.step_marks, state.sample_marks, state.owed
     if flight is not None and flight.before_reset:
         # The parameters were set to Θ_old at the reset and grew from there: carry, whatever the flight's fate.
         alignment = Alignment("carry", settled=flight, lost=0 if merged else flight.steps)
@@ -188,10 +189,14 @@ def arrive(
         if flight is not None:  # its steps go into the next contribution
             step_marks = _put(step_marks, fragment, step_marks[fragment] - flight.steps)
             sample_marks = _put(sample_marks, fragment, sample_marks[fragment] - flight.samples)
+            if rounds.overlap_steps is None and (flight.fate or mine) == "missed":
+                # Re-anchored: it goes out at the next step, into the round this commit opened, rather than
+                # a sync later, when that round may have closed again (docs/decoupled.md, "Late contributions").
+                owed = owed | {fragment}
     flights = _put(state.flights, fragment, None) if flight is not None else state.flights
     state = state._replace(
         versions=_put(state.versions, fragment, version), step_marks=step_marks, sample_marks=sample_marks,
-        flights=flights,
+        flights=flights, owed=owed,
     )  # fmt: skip
     return state, alignment
 
