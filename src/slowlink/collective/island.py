@@ -26,6 +26,7 @@ ARRIVALS, GATHER = 1.0, 2.0  # which call of the driver a message answers
 CHECK_SECONDS = 0.05  # how often, in steps' time, rank 0 answers the driver's ask for news
 MAX_GAP = 10_000
 COMMIT, REFUSAL = 1, 2
+KEPT_COMMITS = 4  # a sharded island's rank 0 keeps this many of a fragment's newest commits whole (on host)
 FATES = (None, "merged", "rejected", "missed")
 
 
@@ -184,11 +185,11 @@ class IslandLead:
         self.inner.publish(contribution)
 
     def _keep(self, fragment: int, version: int, params: Arrays) -> None:
-        rows = self.island.layout.rows
-        if rows:
-            self.whole[fragment][version] = {
-                name: host_float32(v) for name, v in params.items() if name in rows
-            }
+        rows, kept = self.island.layout.rows, self.whole[fragment]
+        if rows:  # views of the Courier's arrays where they are float32 already, as decoded commits are
+            kept[version] = {name: host_float32(v) for name, v in params.items() if name in rows}
+            for old in sorted(kept)[:-KEPT_COMMITS]:
+                del kept[old]
 
     def arrivals(self) -> list[Arrival | Refused]:
         if self.island.unanswered():
