@@ -8,6 +8,9 @@ torchft runs in its own virtual environment (it pins its own torch): `python -m 
 install torchft==0.2.0`. Each side is two processes; torchft's also has its lighthouse, as its tests run it.
 Bytes are the pseudo-gradients' payload each rank sends per outer step, float32, by a ring all-reduce's
 share 2(N − 1)/N of the buffer: what both sides put through gloo (torchft's quorum RPCs not counted).
+The arms take turns (slowlink, torchft, slowlink 8-bit, again), so a busy machine slows them alike; each
+turn of slowlink is also paired with the torchft turn that follows it. Writes its section of
+docs/BENCHMARKS.md, with the machine's load average before and after.
 """
 
 import argparse
@@ -21,7 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-WIDTH, H, OUTER, BATCH = 512, 20, 6, 8
+sys.path.insert(0, str(Path(__file__).parent))
+WIDTH, H, OUTER, BATCH = 512, 20, 11, 8
 
 
 def build_model():
@@ -171,19 +175,64 @@ def main() -> None:
         print(json.dumps(ours(args.rank, args.port, args.bits or None) if args.side == "ours" else theirs()))
         return
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
     runs: dict[str, list[dict]] = {"slowlink": [], "torchft": [], "slowlink, 8-bit": []}
     for _ in range(args.repeats):  # the sides take turns, so that a busy machine slows both alike
         runs["slowlink"].append(run_ours(env))
         runs["torchft"].append(run_theirs(args.torchft_python, env))
         runs["slowlink, 8-bit"].append(run_ours(env, bits=8))
+    load_after = Path("/proc/loadavg").read_text().split()[:3]
+    print(report(runs, args.repeats, load_before, load_after))
+
+
+def report(runs: dict[str, list[dict]], repeats: int, load_before: list[str], load_after: list[str]) -> str:
+    """The table of each arm's median turn, the paired ratios, and whether slowlink's float32 arm is at most
+    torchft's in time and bytes; written into docs/BENCHMARKS.md and returned."""
+    from _report import markdown_table, write_section
+
     params = WIDTH * 2 * WIDTH * 2 + 3 * WIDTH
-    print(f"model: {params:,} parameters (float32), H = {H} inner steps, {OUTER - 1} timed outer steps, 2 ranks, "
-          f"gloo; medians of {args.repeats} turns each, taken in turn")  # fmt: skip
-    print(f"{'':16} {'s / outer step':>15} {'of which sync':>14} {'bytes / outer step':>19}")
-    for name, rows in runs.items():  # each side's median turn: the machine's load varies from turn to turn
-        total = statistics.median(row["seconds_per_outer_step"] for row in rows)
-        sync = statistics.median(row["sync_seconds_per_outer_step"] for row in rows)
-        print(f"{name:16} {total:>15.3f} {sync:>14.3f} {rows[0]['bytes_per_outer_step']:>19,.0f}")
+    rows, medians = [], {}
+    for name, turns in runs.items():  # each arm's median turn: the machine's load varies from turn to turn
+        total = statistics.median(turn["seconds_per_outer_step"] for turn in turns)
+        sync = statistics.median(turn["sync_seconds_per_outer_step"] for turn in turns)
+        medians[name] = (total, sync, turns[0]["bytes_per_outer_step"])
+        rows.append([name, f"{total:.3f}", f"{1000 * sync:.1f}", f"{turns[0]['bytes_per_outer_step']:,.0f}"])
+    pairs = [
+        (ours["seconds_per_outer_step"] / theirs["seconds_per_outer_step"],
+         ours["sync_seconds_per_outer_step"] / max(1e-9, theirs["sync_seconds_per_outer_step"]))
+        for ours, theirs in zip(runs["slowlink"], runs["torchft"], strict=True)
+    ]  # fmt: skip
+    time_ratio = statistics.median(total for total, _ in pairs)
+    sync_ratio = statistics.median(sync for _, sync in pairs)
+    ours, theirs = medians["slowlink"], medians["torchft"]
+    bytes_over = ours[2] - theirs[2]
+    met = ours[0] <= theirs[0] and time_ratio <= 1.0
+    body = "\n".join([
+        f"Same model (an MLP of {params:,} float32 parameters), same inner loop (SGD, batch {BATCH}), H = {H}, outer "
+        "Nesterov (lr 0.7, momentum 0.9), 2 processes on gloo over 127.0.0.1, "
+        f"{OUTER - 1} timed outer steps after one to warm up; slowlink's `DiLoCo(sync_every={H}, overlap_steps=0, "
+        "quorum_size=2)` over `sl.collective.AllReduce()`, torchft 0.2's `DiLoCo(manager, [model], inner, outer, "
+        f"sync_every={H})` with its lighthouse and `ProcessGroupGloo`. {repeats} turns of each arm, taken in turn; "
+        "each figure the arm's median turn. \"sync\": in each outer step, its slowest step (the sync) less the "
+        "median step. Load average (1, 5, 15 min): "
+        f"{' '.join(load_before)} before, {' '.join(load_after)} after.",
+        "",
+        markdown_table(["arm", "s / outer step", "of which sync (ms)", "bytes / outer step"], rows),
+        "",
+        f"- Paired turns (each slowlink turn against the torchft turn after it): time per outer step "
+        f"{time_ratio:.2f}× torchft's, the sync {sync_ratio:.2f}× (medians of {repeats} pairs).",
+        "- Target \"time and bytes per outer step at most torchft's\": time "
+        + ("met" if met else "**not met**")
+        + f" ({ours[0]:.3f} s against {theirs[0]:.3f} s); bytes "
+        + ("met" if bytes_over <= 0 else f"**not met**, by {bytes_over:,.0f} bytes")
+        + " (slowlink's all-reduce carries the round's weight, one float32, so that ranks may weigh their "
+        "contributions by samples; torchft averages equally, by the quorum its lighthouse gives each step).",
+        "- Bytes: the pseudo-gradients' payload each rank sends per outer step by a ring all-reduce's share "
+        "2(N − 1)/N, counted by slowlink's channel and computed for torchft by the same rule (its quorum RPCs to "
+        "the lighthouse are not counted). `AllReduce(bits=8)` gathers 1 byte a value plus a float32 scale per 256.",
+    ])  # fmt: skip
+    write_section("torchft", "slowlink's DiLoCo over a process group against torchft's", body)
+    return body
 
 
 if __name__ == "__main__":

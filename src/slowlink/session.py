@@ -125,6 +125,10 @@ class Session:
         # Entries a store lists that slowlink could not have written are skipped; this node reports them.
         self.raw_mailbox.on_ignored = self._key_ignored
         self.adapter = adapter_for(self.model, self.params)
+        if self.island is not None:  # an FSDP2 model's ranks each train their shard (collective/shards.py)
+            from .collective.shards import island_adapter
+
+            self.adapter = island_adapter(self.island, self.adapter)
         clock = self.clock
         if self.island is None and self.fabric is None:
             created, versions = self._join_mailbox()

@@ -37,6 +37,18 @@ for bits in (8, 4):
         ]
 quantized, _ = train(rank, mailbox=sl.collective.AllReduce(bits=8))
 save_file(quantized, out.replace(".safetensors", "-8bit.safetensors"))
+# FSDP2's sharded parameters over AllReduce: refused on every rank, naming the tensor and the island instead.
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+
+try:
+    sl.Session(
+        fully_shard(torch.nn.Linear(4, 4)),
+        algorithm=sl.DiLoCo(sync_every=2),
+        mailbox=sl.collective.AllReduce(),
+    ).start()
+    refused = ""
+except sl.ConfigError as error:
+    refused = str(error)
 with open(out.replace(".safetensors", ".json"), "w") as file:
     json.dump(
         {
@@ -44,6 +56,7 @@ with open(out.replace(".safetensors", ".json"), "w") as file:
             "sent": stats.contributions_sent,
             "applied": stats.commits_applied,
             "bytes_sent": stats.bytes_sent,
+            "refused": refused,
         },
         file,
     )

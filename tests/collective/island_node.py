@@ -24,14 +24,14 @@ if role == "island":
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     model = torch.nn.parallel.DistributedDataParallel(model)
     options["island"] = dist.group.WORLD
-    # FSDP2 runs on gloo, but its sharded parameters are refused, on every rank, naming the tensor.
-    from torch.distributed.fsdp import fully_shard
+    # FSDP1's flat parameters are not the model's tensors: refused on every rank, naming the fix.
+    from torch.distributed.fsdp import FullyShardedDataParallel
 
-    sharded = fully_shard(torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Linear(8, 2)))
+    flat = FullyShardedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Linear(8, 2)), device_id=torch.device("cpu")
+    )
     try:
-        sl.Session(
-            sharded, algorithm=sl.DiLoCo(sync_every=3), mailbox=mailbox, island=dist.group.WORLD
-        ).start()
+        sl.Session(flat, algorithm=sl.DiLoCo(sync_every=3), mailbox=mailbox, island=dist.group.WORLD).start()
         refused = ""
     except sl.ConfigError as error:
         refused = str(error)

@@ -45,9 +45,8 @@ def test_an_island_of_two_gloo_ranks_is_one_node_whose_ranks_never_drift(tmp_pat
     assert len({tuple(versions) for _, versions, _ in lead["trace"]}) >= 4  # commits came in while training
     # Only rank 0 talked to the mailbox.
     assert lead["bytes_sent"] > 0 and other["bytes_sent"] == 0
-    # An FSDP2 model's sharded parameters are refused on both ranks, naming the tensor and the fix.
-    assert all("'0.weight' is a DTensor" in rank["refused"] and "DistributedDataParallel" in rank["refused"]
-               for rank in (lead, other))  # fmt: skip
+    # An FSDP1 model's flat parameters are refused on both ranks, naming the fix.
+    assert all("FSDP1" in rank["refused"] and "fully_shard" in rank["refused"] for rank in (lead, other))
     # Leaving aligned the island's ranks with the same newest commits, and every node that left at the same
     # commits holds the same model (the plain node may hold one more: it can commit after the island left).
     assert lead["final"] == other["final"] and lead["left_at"] == other["left_at"]
@@ -55,3 +54,41 @@ def test_an_island_of_two_gloo_ranks_is_one_node_whose_ranks_never_drift(tmp_pat
         assert single["final"] == lead["final"]
     else:
         assert [a >= b for a, b in zip(single["left_at"], lead["left_at"], strict=True)] == [True, True]
+
+
+def test_an_fsdp2_island_trains_its_shards_and_holds_the_rows_of_every_commit(tmp_path):
+    """FSDP2 on gloo: each rank holds its rows of every tensor (7 and 3 rows: shards of 4 + 3 and 2 + 1), and
+    the rows of every commit it applied are the rows of the commit the plain node holds, version for version."""
+    port, mailbox = free_port(), tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1"}
+    script = str(ROOT / "tests/collective/fsdp_node.py")
+    roles = [("island", 0), ("island", 1), ("single", 0)]
+    outs = [tmp_path / f"{role}{rank}.json" for role, rank in roles]
+    procs = [
+        subprocess.Popen([sys.executable, script, role, str(rank), str(port), str(mailbox), str(out)], env=env, cwd=ROOT)
+        for (role, rank), out in zip(roles, outs, strict=True)
+    ]  # fmt: skip
+    assert [proc.wait(timeout=240) for proc in procs] == [0, 0, 0]
+    lead, other, single = (json.loads(out.read_text()) for out in outs)
+    records = [json.loads(path.read_text()) for path in sorted((mailbox / "commits").glob("*/*.json"))]
+    both = [r for r in records if {c["node"] for c in r["contributors"]} == {"island", "single"}]
+    assert len(both) >= 4, [[c["node"] for c in r["contributors"]] for r in records]
+    for record in both:  # the island's contribution: both ranks' samples, a Δ of the plain node's size
+        theirs, its = sorted(record["contributors"], key=lambda c: c["node"])
+        assert theirs["samples"] / theirs["steps"] == 2 * its["samples"] / its["steps"] == 8
+        assert 0.2 < theirs["norm"] / its["norm"] < 5
+    assert lead["applied"] == other["applied"] >= 4
+    rows = {"0.weight": (4, 3), "0.bias": (4, 3), "2.weight": (2, 1), "2.bias": (2, 1)}
+    shared = sorted(set(lead["anchors"]) & set(other["anchors"]) & set(single["anchors"]))
+    assert len([key for key in shared if not key.endswith(":0")]) >= 4, shared
+    for key in shared:
+        for name, whole in single["anchors"][key].items():
+            mine, theirs = lead["anchors"][key][name], other["anchors"][key][name]
+            assert (len(mine), len(theirs)) == rows[name]  # each rank holds its rows only
+            assert mine + theirs == whole, (key, name)  # and they are the commit's, exactly
+    assert lead["bytes_sent"] > 0 and other["bytes_sent"] == 0
+    # Leaving aligned the ranks' shards with the newest commits: together, the plain node's model where it
+    # left at the same commits.
+    assert lead["left_at"] == other["left_at"]
+    if single["left_at"] == lead["left_at"]:
+        assert {name: lead["final"][name] + other["final"][name] for name in rows} == single["final"]

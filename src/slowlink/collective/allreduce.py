@@ -4,7 +4,9 @@ is one collective of the ranks' pseudo-gradients (the quorum is every rank; ther
 `AllReduce(group)` goes where a mailbox would: `sl.Session(model, algorithm=sl.DiLoCo(...),
 mailbox=sl.collective.AllReduce(group))`. The channel runs its rounds on its own thread, over its own group of
 the same ranks (so a DDP all-reduce on the training thread never interleaves with it), in the order the
-ranks' drivers publish, which the shared schedule makes the same on every rank. With bits=None a round is one
+ranks' drivers publish, which the shared schedule makes the same on every rank; where the driver waits for
+every round at once (overlap_steps=0) a round runs on the training thread instead, as it publishes, since a
+thread would only add two wake-ups to the wait. With bits=None a round is one
 float32 all-reduce of Σ w·Δ and Σ w (the method's merge must be WeightedMean); with bits=8 or 4 each rank's Δ
 is quantized (collective/quantized.py), gathered, and merged by the method's own `combine`, every rank alike.
 """
@@ -74,6 +76,7 @@ class AllReduce:
             adapter.assign(params)
             latest[q] = (0, params)
         channel = RoundsOverGroup(own, self, method, plan, latest, on_device, node_id, emit)
+        channel.inline = getattr(method, "overlap_steps", None) == 0
         return IslandStart(plan, channel, channel, latest, None, [0] * len(plan))
 
 
@@ -81,6 +84,8 @@ class RoundsOverGroup:
     """The channel (engine/channel.py) of AllReduce, and what the Session reads as its Courier."""
 
     leadership = _NotLeading()
+    # Rounds run in publish(), on the caller's thread: for a driver that waits for each round at once.
+    inline = False
 
     def __init__(
         self, group, options: AllReduce, method, plan, latest: dict, on_device, node_id: str, emit
@@ -100,17 +105,23 @@ class RoundsOverGroup:
         self.outbox: queue.Queue[Contribution | None] = queue.Queue()
         self.inbox: queue.Queue[Arrival] = queue.Queue()
         self.failure: BaseException | None = None
+        self.buffers: dict[int, torch.Tensor] = {}  # fragment -> the flat buffer its rounds all-reduce
         self._thread = threading.Thread(target=self._loop, name="slowlink-allreduce", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        if not self.inline:
+            self._thread.start()
 
     def stop(self) -> None:
-        self.outbox.put(None)
-        self._thread.join()
+        if not self.inline:
+            self.outbox.put(None)
+            self._thread.join()
 
     def publish(self, contribution: Contribution) -> None:
-        self.outbox.put(contribution)
+        if self.inline:
+            self.inbox.put(self._round(contribution))
+        else:
+            self.outbox.put(contribution)
 
     def arrivals(self) -> list[Arrival]:
         found = []
@@ -145,7 +156,7 @@ class RoundsOverGroup:
             subtract_into(item.anchor[name], item.snapshot[name])
         delta = {name: torch.as_tensor(item.snapshot[name]) for name in names}
         weight = float(self.method.weight(item.samples, item.steps))
-        merged = self._merge(delta, weight) if self.options.bits is not None else self._sum(delta, weight)
+        merged = self._merge(delta, weight) if self.options.bits is not None else self._sum(q, delta, weight)
         version, anchor = self.latest[q]
         params, self.states[q] = self.method.outer_step(
             merged, self.states[q], anchor, flush_only=item.final, shape=RoundShape(self.ranks, self.ranks)
@@ -156,12 +167,17 @@ class RoundsOverGroup:
                         "steps": item.steps, "bytes": self.bytes_sent - sent}))  # fmt: skip
         return Arrival(q, version + 1, self.on_device(params), "merged")
 
-    def _sum(self, delta: dict[str, torch.Tensor], weight: float) -> Arrays:
+    def _sum(self, fragment: int, delta: dict[str, torch.Tensor], weight: float) -> Arrays:
         """Σ w·Δ / Σ w by one all-reduce of the fragment as one flat float32 buffer (its weight at the end),
-        written and read in one pass each: the merged Δ is views into the reduced buffer."""
+        written and read in one pass each: the merged Δ is views into the reduced buffer. The buffer is the
+        fragment's own, kept from round to round (fresh memory costs a page fault per page on a CPU): the
+        outer step only reads the merged Δ, and its round is over before the fragment's next one starts."""
         sizes = [values.numel() for values in delta.values()]
         first = next(iter(delta.values()))
-        flat = torch.empty(sum(sizes) + 1, dtype=torch.float32, device=first.device)
+        flat = self.buffers.get(fragment)
+        if flat is None:
+            flat = torch.empty(sum(sizes) + 1, dtype=torch.float32, device=first.device)
+            self.buffers[fragment] = flat
         at = 0
         for values, size in zip(delta.values(), sizes, strict=True):
             torch.mul(values.reshape(-1), weight, out=flat[at : at + size])

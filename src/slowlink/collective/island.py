@@ -5,13 +5,13 @@ rank runs the same driver (engine/node.py) in lockstep: the driver asks its chan
 0 answers every few asks (about every CHECK_SECONDS) with what its channel delivered (mostly nothing: one
 tensor of five numbers), the commits themselves and its clock reading, so every rank applies the same commits
 at the same steps and decides each wait alike.
-A contribution is the island's mean snapshot, all-reduced over the group on the sync step.
+A contribution is the island's snapshot: a replicated tensor's mean over the ranks (DDP), a sharded one's rows
+from each rank (FSDP2); a commit goes back the same way (collective/shards.py).
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -19,12 +19,14 @@ from ..arrays import Arrays, subtract_into
 from ..clock import REAL
 from ..engine.channel import Arrival, Contribution, Refused
 from ..errors import ConfigError, SlowlinkError
-from ..frameworks.base import schema_digest
+from ..frameworks.base import on_device_of, schema_digest
+from .shards import Layout, host_float32
 
 ARRIVALS, GATHER = 1.0, 2.0  # which call of the driver a message answers
 CHECK_SECONDS = 0.05  # how often, in steps' time, rank 0 answers the driver's ask for news
 MAX_GAP = 10_000
 COMMIT, REFUSAL = 1, 2
+KEPT_COMMITS = 4  # a sharded island's rank 0 keeps this many of a fragment's newest commits whole (on host)
 FATES = (None, "merged", "rejected", "missed")
 
 
@@ -56,6 +58,7 @@ class Island:
         self.asks, self.next_answer, self.closing = 0, 0, False
         self.answered_at, self.answered_ask = 0.0, 0
         self.messages = 0  # broadcasts of news, for the benchmark of their cost
+        self.layout: Layout | None = None  # how the ranks hold each tensor: set as they enter (enter_island)
 
     @property
     def is_lead(self) -> bool:
@@ -99,15 +102,6 @@ class Island:
             dist.broadcast(raw, src=self.root, group=self.control)
         return bytes(raw.tolist()).decode(errors="replace")
 
-    def share(self, tensors: list[torch.Tensor]) -> None:
-        for tensor in tensors:
-            dist.broadcast(tensor, src=self.root, group=self.group)
-
-    def mean_(self, tensors: list[torch.Tensor]) -> None:
-        for tensor in tensors:
-            dist.all_reduce(tensor, group=self.group)
-            tensor /= self.size
-
     def total(self, value: float) -> float:
         tensor = torch.tensor([value], dtype=torch.float64)
         dist.all_reduce(tensor, group=self.control)
@@ -127,24 +121,17 @@ class Island:
                 "rank must build the same model, wrapped the same way, with the same params="
             )
 
-    def start(self, plan: list[list[str]], latest: dict | None, blank) -> dict[int, tuple[int, dict]]:
-        """Rank 0's commits to start from (fragment -> (version, params on its device)), on every rank; the
-        others pass latest=None and `blank(names)`, which gives tensors of those names to receive them in."""
+    def start(self, plan: list[list[str]], latest: dict | None) -> dict[int, tuple[int, dict]]:
+        """Rank 0's commits to start from (fragment -> (version, params)), each rank's part of them on its
+        device; the others pass latest=None."""
         versions = self.say(
             [float(latest[q][0]) for q in range(len(plan))] if latest is not None else None, len(plan)
         )
         self.stamp = self.say([REAL.now()] if latest is not None else None, 1)[0]
-        if latest is None:
-            latest = {q: (int(v), blank(plan[q])) for q, v in enumerate(versions)}
-        for q, names in enumerate(plan):
-            self.share([_as_tensor(latest[q][1][name]) for name in names])
-        return latest
-
-
-def _as_tensor(values) -> torch.Tensor:
-    if isinstance(values, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(values))
-    return values
+        return {
+            q: (int(v), self.layout.share(latest[q][1] if latest is not None else None, plan[q]))
+            for q, v in enumerate(versions)
+        }
 
 
 class IslandClock:
@@ -175,26 +162,46 @@ class IslandLead:
 
     failure = None  # the Courier's failure is told to every rank with the next news, then raised
 
-    def __init__(self, island: Island, inner, plan: list[list[str]]) -> None:
+    def __init__(self, island: Island, inner, plan: list[list[str]], latest: dict) -> None:
         self.island, self.inner, self.plan = island, inner, plan
+        # fragment -> {version: its commit's sharded tensors, whole on the host}: what the Courier takes the
+        # island's Δ from (the node's own anchors are its shards); kept until no contribution is based on it
+        self.whole: dict[int, dict[int, Arrays]] = {q: {} for q in range(len(plan))}
+        for q, (version, params) in latest.items():
+            self._keep(q, version, params)
 
     def publish(self, contribution: Contribution) -> None:
-        _average(self.island, contribution)
+        layout = self.island.layout
+        whole = layout.contribute(contribution.snapshot)
+        contribution.samples = int(self.island.total(contribution.samples))
+        if layout.sharded:  # the Courier sends the whole fragment: Δ = whole anchor − whole snapshot
+            base = self.whole[contribution.fragment]
+            anchor = base[contribution.base]
+            for version in [v for v in base if v < contribution.base]:
+                del base[version]
+            for name in anchor:  # the node's own record of it: Δ of its shard
+                subtract_into(contribution.anchor[name], contribution.snapshot[name])
+            contribution = replace(contribution, anchor={**contribution.anchor, **anchor}, snapshot=whole)
         self.inner.publish(contribution)
+
+    def _keep(self, fragment: int, version: int, params: Arrays) -> None:
+        rows, kept = self.island.layout.rows, self.whole[fragment]
+        if rows:  # views of the Courier's arrays where they are float32 already, as decoded commits are
+            kept[version] = {name: host_float32(v) for name, v in params.items() if name in rows}
+            for old in sorted(kept)[:-KEPT_COMMITS]:
+                del kept[old]
 
     def arrivals(self) -> list[Arrival | Refused]:
         if self.island.unanswered():
             return []  # what came waits in the Courier's queue for the next answer (or a τ wait's gather)
         self._check()
-        found = self.inner.arrivals()
-        self._tell(ARRIVALS, found)
-        return found
+        return self._tell(ARRIVALS, self.inner.arrivals())
 
     def gather(self, deadline: float) -> Arrival | Refused | None:
         self._check()
         found = self.inner.gather(deadline)
-        self._tell(GATHER, [found] if found is not None else [])
-        return found
+        told = self._tell(GATHER, [found] if found is not None else [])
+        return told[0] if told else None
 
     def live_nodes(self) -> set[str]:
         return self.inner.live_nodes()
@@ -208,21 +215,27 @@ class IslandLead:
             self.island.say([ARRIVALS, 0.0, 1.0, self.island.stamp, 1.0], 5)
             raise failure
 
-    def _tell(self, kind: float, found: list) -> None:
+    def _tell(self, kind: float, found: list) -> list[Arrival | Refused]:
+        """Tell the other ranks what came; what this rank's driver gets: each commit's part it holds."""
         self.island.stamp = now = REAL.now()
         self.island.messages += 1
         gap = self.island.gap(now) if kind == ARRIVALS else self.island.next_answer - self.island.asks
         self.island.next_answer = self.island.asks + gap
         self.island.say([kind, float(len(found)), 0.0, now, float(gap)], 5)
+        told = []
         for item in found:
             if isinstance(item, Refused):
                 self.island.say([REFUSAL, item.fragment, item.round, 0.0], 4)
                 self.island.say_text(item.reason)
+                told.append(item)
                 continue
             self.island.say([COMMIT, item.fragment, item.version, FATES.index(item.mine)], 4)
             if item.mine == "rejected":
                 self.island.say_text(item.rejected or "")
-            self.island.share([_as_tensor(item.params[name]) for name in self.plan[item.fragment]])
+            self._keep(item.fragment, item.version, item.params)
+            mine = self.island.layout.share(item.params, self.plan[item.fragment])
+            told.append(replace(item, params=mine))
+        return told
 
 
 class IslandFollower:
@@ -232,11 +245,12 @@ class IslandFollower:
     failure = None
     leadership = _NotLeading()
 
-    def __init__(self, island: Island, plan: list[list[str]], versions: list[int], blank) -> None:
-        self.island, self.plan, self.versions, self.blank = island, plan, list(versions), blank
+    def __init__(self, island: Island, plan: list[list[str]], versions: list[int]) -> None:
+        self.island, self.plan, self.versions = island, plan, list(versions)
 
     def publish(self, contribution: Contribution) -> None:
-        _average(self.island, contribution)
+        self.island.layout.contribute(contribution.snapshot)
+        self.island.total(contribution.samples)
         for (
             name,
             values,
@@ -284,48 +298,30 @@ class IslandFollower:
                 found.append(Refused(fragment, version, self.island.say_text(None)))
                 continue
             rejected = self.island.say_text(None) if FATES[fate] == "rejected" else None
-            params = self.blank(self.plan[fragment])
-            self.island.share([params[name] for name in self.plan[fragment]])
+            params = self.island.layout.share(None, self.plan[fragment])
             self.versions[fragment] = max(self.versions[fragment], version)
             found.append(Arrival(fragment, version, params, FATES[fate], rejected))
         return found
 
 
-def refuse_sharded(adapter) -> None:
-    """FSDP's sharded parameters, refused on every rank alike (each finds them itself, so none waits): an
-    island would have to gather them on rank 0, which is what sharding avoids (docs/islands.md)."""
+def refuse_sharded(adapter, *, dtensors: bool = True) -> None:
+    """FSDP's sharded parameters where they cannot be synchronized, refused on every rank alike (each finds
+    them itself, so none waits): FSDP1's flat parameters anywhere, FSDP2's DTensors unless `dtensors=False`
+    (an island takes them through its sharded adapter, collective/shards.py)."""
     model = getattr(adapter, "model", None)
     if model is not None and any(cls.__name__ == "FullyShardedDataParallel" for cls in type(model).__mro__):
         raise ConfigError(
             "the model is wrapped in FSDP1 (FullyShardedDataParallel), whose flat sharded parameters are not the "
-            "model's tensors: slowlink cannot synchronize them yet (docs/islands.md); wrap the model with "
-            "DistributedDataParallel inside the island instead"
+            "model's tensors: slowlink cannot synchronize them (docs/islands.md); shard it with FSDP2's "
+            "torch.distributed.fsdp.fully_shard, or wrap it with DistributedDataParallel inside the island"
         )
-    for name, tensor in getattr(adapter, "tensors", {}).items():
-        if type(tensor).__name__ == "DTensor" or "DTensor" in {cls.__name__ for cls in type(tensor).__mro__}:
+    for name, tensor in getattr(adapter, "tensors", {}).items() if dtensors else ():
+        if "DTensor" in {cls.__name__ for cls in type(tensor).__mro__}:
             raise ConfigError(
-                f"tensor {name!r} is a DTensor, sharded by FSDP's fully_shard: slowlink does not yet synchronize "
-                "sharded parameters without gathering them on one rank (docs/islands.md, 'An island with FSDP'); "
-                "wrap the model with DistributedDataParallel inside the island instead"
+                f"tensor {name!r} is a DTensor, sharded by FSDP's fully_shard: DiLoCo over a process group "
+                "needs every rank's whole tensors; make a sharded group one node with sl.Session(..., "
+                "island=group) instead (docs/islands.md, 'An island with FSDP')"
             )
-
-
-def _average(island: Island, contribution: Contribution) -> None:
-    """The island's contribution: the mean of its ranks' snapshots (they share the anchor, so this is the mean
-    pseudo-gradient), trained on all their samples."""
-    island.mean_([_as_tensor(values) for values in contribution.snapshot.values()])
-    contribution.samples = int(island.total(contribution.samples))
-
-
-def blank_of(adapter, schema: list) -> Callable[[list[str]], Arrays]:
-    """How a follower allocates tensors to receive a fragment's parameters in: float32, on the model's device."""
-    shapes = {name: shape for name, shape, _ in schema}
-    on_device = getattr(adapter, "on_device", None) or dict
-
-    def blank(names: list[str]) -> Arrays:
-        return on_device({name: np.zeros(shapes[name], np.float32) for name in names})
-
-    return blank
 
 
 @dataclass
@@ -344,17 +340,20 @@ class IslandStart:
 def enter_island(island: Island, adapter, algorithm, join: Callable, courier: Callable) -> IslandStart:
     """Rank 0 joins the mailbox (`join()`, the Session's own, then `courier()` is its Courier) and tells the
     other ranks its commits; they take them into their models. Every rank checks first that all train the
-    same tensors; if rank 0 cannot join, the others stop with it."""
-    refuse_sharded(adapter)
+    same tensors; if rank 0 cannot join, the others stop with it. With sharded tensors (FSDP2) rank 0 joins
+    with the model's values gathered on its host (collective/shards.py), then every rank takes its shard."""
+    refuse_sharded(adapter, dtensors=False)
     island.require_same(schema_digest(adapter.schema))
-    blank = blank_of(adapter, adapter.schema)
+    island.layout = getattr(adapter, "layout", None) or replicated(island, adapter)
+    if (begin_join := getattr(adapter, "begin_join", None)) is not None:
+        begin_join()
     if not island.is_lead:
         plan = algorithm.plan(adapter.schema)
-        anchors = island.start(plan, None, blank)
+        anchors = island.start(plan, None)
         for _, params in anchors.values():
             adapter.assign(params)  # rank 0's model: the run's, as it joined
         versions = [anchors[q][0] for q in range(len(plan))]
-        follower = IslandFollower(island, plan, versions, blank)
+        follower = IslandFollower(island, plan, versions)
         return IslandStart(plan, follower, follower, anchors, None, versions)
     try:
         created, versions = join()
@@ -362,6 +361,17 @@ def enter_island(island: Island, adapter, algorithm, join: Callable, courier: Ca
         island.say([1.0], 1)  # the others wait for rank 0's commits: tell them there are none
         raise
     lead = courier()
-    plan = lead.run.plan
-    anchors = island.start(plan, lead.anchors(), blank)
-    return IslandStart(plan, lead, IslandLead(island, lead, plan), anchors, created, versions)
+    plan, latest = lead.run.plan, lead.anchors()
+    anchors = island.start(plan, latest)
+    if island.layout.sharded:  # rank 0 too now trains its shard, of the commits it joined at
+        adapter.joined()
+        for _, params in anchors.values():
+            adapter.assign(params)
+    return IslandStart(plan, lead, IslandLead(island, lead, plan, latest), anchors, created, versions)
+
+
+def replicated(island: Island, adapter) -> Layout:
+    """The layout of a model every rank holds whole (DDP, or none): a commit lands on the model's device."""
+    on_device = on_device_of(adapter)
+    shapes = {name: shape for name, shape, _ in adapter.schema}
+    return Layout(island, {}, shapes, lambda name, values: on_device({name: values})[name])
