@@ -197,7 +197,10 @@ allocated as tracemalloc counts it (torch's tensors are not in it; the plain loo
 
 {markdown_table(MEMORY_HEADER, rows)}
 
-Target: at most 2.5× the model on the merger (its anchor and outer momentum are 2× by themselves).
+Target: at most 2.5× the model on the merger (its anchor and outer momentum are 2× by themselves):
+not met in any of the four (the merger rows above).
+On the code before (7e79ca1, same command, load 1.4–10.7) the merger measured 10.05× and 10.53× at
+`fragments=1` (zstd off, on) and 4.40× and 5.26× at `fragments=8`; traced 7.07, 6.83, 2.69, 2.79×.
 Load average while it ran: {load}.
 
 What the merger holds: the newest commit (1×, shared with the node's anchors) and the outer momentum (1×)
