@@ -174,6 +174,7 @@ def main() -> None:
         requests = session[node]["requests"]
         request_rows.append([f"node-{node} ({role})", rounds] + [f"{requests.get(verb, 0) / rounds:.1f}"
                             for verb in ("GET", "PUT", "LIST", "DELETE")] + [f"{sum(requests.values()) / rounds:.1f}"])  # fmt: skip
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     body = f"""### session.step()
 
 A 0.8M-parameter GPT (`slowlink.demo` "small"), 20,000 calls on steps that sync nothing:
@@ -196,7 +197,20 @@ allocated as tracemalloc counts it (torch's tensors are not in it; the plain loo
 
 {markdown_table(MEMORY_HEADER, rows)}
 
-Target: at most 2.5× the model on the merger (its anchor and outer momentum are 2× by themselves).
+Target: at most 2.5× the model on the merger (its anchor and outer momentum are 2× by themselves):
+not met in any of the four (the merger rows above).
+On the code before (7e79ca1, same command, load 1.4–10.7) the merger measured 10.05× and 10.53× at
+`fragments=1` (zstd off, on) and 4.40× and 5.26× at `fragments=8`; traced 7.07, 6.83, 2.69, 2.79×.
+Load average while it ran: {load}.
+
+What the merger holds: the newest commit (1×, shared with the node's anchors) and the outer momentum (1×)
+always; the clone of each contribution in flight (a fragment, reused by any later one of the same
+shapes); while it commits a fragment, its own payload and the other's (each let go once merged), the
+running sum, the new momentum and parameters (the outer step goes tensor by tensor), and the commit's
+payload. With `fragments=1` each of those is the whole model, so about 6× at the commit is the floor of
+this design on a CPU, and 2.5× is not met there; with `fragments=8` they are an eighth each. glibc keeps
+what a commit frees scattered in its heaps, so the merger hands it back (`malloc_trim`) after each
+commit; the gap between the two columns is what the allocator and torch hold beyond what numpy traced.
 
 ### Requests per round
 
