@@ -75,7 +75,7 @@ def measure(values: str, topk: int, workers: int, repeats: int) -> dict[str, flo
         forward_backward()
         marks.append(time.perf_counter())
         if repeat:
-            for name, begin, end in zip(times, marks, marks[1:], strict=True):
+            for name, begin, end in zip(times, marks[:-1], marks[1:], strict=True):
                 times[name].append(end - begin)
     return {"params": sum(p.numel() for p in params)} | {
         name: statistics.median(t) for name, t in times.items()
