@@ -1,7 +1,7 @@
 """DeMo and the TopK compressor against AdamW data-parallel and DiLoCo on the byte-level language model, with 4
 simulated nodes (research/algorithms.md §8): held-out loss after the same steps, and bytes per step.
 
-    python benchmarks/demo_study.py                    # the tiny GPT, 300 steps, every arm; 3 processes
+    python benchmarks/demo_study.py        # the tiny GPT, DDP and DeMo 120 steps, DiLoCo 300; every arm
     python benchmarks/demo_study.py --arms 'DiLoCo'     # only the arms whose name matches; the others'
                                                        # results are read from docs/demo_study.json
 
@@ -192,17 +192,21 @@ def payload_sizes() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=120, help="steps of the DDP and DeMo arms")
+    parser.add_argument("--diloco-steps", type=int, default=300, help="steps of the DiLoCo arms")
     parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
     parser.add_argument("--jobs", type=int, default=3)
     parser.add_argument("--arms", default="", help="run only the arms whose name matches this regex")
     args = parser.parse_args()
-    key = f"{args.size}/{args.steps}"
+    key = f"{args.size}/{args.steps}/{args.diloco_steps}"
     stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     results = stored.get(key, {})
     chosen = [arm for arm in ARMS if re.search(args.arms, arm)]
     with ProcessPoolExecutor(args.jobs) as pool:
-        futures = {arm: pool.submit(run_arm, arm, args.steps, args.size) for arm in chosen}
+        futures = {
+            arm: pool.submit(run_arm, arm, args.diloco_steps if arm in DILOCO_ARMS else args.steps, args.size)
+            for arm in chosen
+        }
         for arm, future in futures.items():
             results[arm] = future.result() | {"load": os.getloadavg()}
             print(results[arm], flush=True)
@@ -214,7 +218,8 @@ def main() -> None:
     rows, checks = table(results)
     params = results["DDP (AdamW)"]["params"]
     body = f"""The {args.size} GPT ({params / 1e6:.2f}M parameters, {math.ceil(params / 4096)} 64×64 chunks' worth), {WORKERS}
-simulated nodes, {args.steps} steps each, batch {BATCH}, one seed; DiLoCo syncs every H = {H} steps. Load average
+simulated nodes, batch {BATCH}, one seed: DDP and DeMo {args.steps} steps each, DiLoCo {args.diloco_steps} (its error
+feedback needs rounds: {args.diloco_steps // H} of H = {H} steps). Load average
 (1 min) when each arm finished: {", ".join(f"{results[arm]['load'][0]:.1f}" for arm in ARMS)} (2 cores; losses are
 deterministic). "vs reference": DeMo and DDP against DDP,
 DiLoCo against DiLoCo F32. Bytes: what one node sends per step (DDP: its bf16 gradient; DeMo: its packed
