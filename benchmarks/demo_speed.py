@@ -7,7 +7,8 @@ One thread (torch.set_num_threads(1)). The small GPT (research/algorithms.md §8
 batch 8 of 128 bytes. Compression is DeMo.begin_step (momentum, forward DCT, top-k, values, the inverse of
 what was sent, packing); decompression is DeMo.end_step on `workers` payloads (unpacking and checking,
 the sparse average, the inverse DCT, the sign step). The floor is the transform itself: one forward
-(two batched matrix products per tensor) and one inverse, which any DCT-based DeMo step must do.
+and one inverse, two matrix products each over a stack of every tensor's chunks of one shape, which any
+DCT-based DeMo step must do.
 Each time is the median of the repeats.
 """
 
@@ -28,28 +29,22 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _report import markdown_table, write_section  # noqa: E402
 
 
-def median_seconds(function, repeats: int) -> float:
-    function()  # warm: caches, allocator
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def transforms(params: list[torch.Tensor], chunk: int):
-    layouts = [d.layout_of(tuple(p.shape), chunk) for p in params]
-    bases = [d.basis_of(lay, "dct", seed=0, step=0, like=p) for lay, p in zip(layouts, params, strict=True)]
-    coefficients = [d.forward(p.detach(), lay, b) for p, lay, b in zip(params, layouts, bases, strict=True)]
+    """The floor: the forward and the inverse transform of every tensor, batched as the step batches them
+    (one stack of chunks per chunk shape: algorithms/demo.groups_of), two matrix products each."""
+    tensors = {str(i): p.detach() for i, p in enumerate(params)}
+    groups = d.groups_of(tuple((name, tuple(t.shape)) for name, t in tensors.items()), chunk)
+    bases = [d.basis_of(g.layouts[0], "dct", seed=0, step=0, like=params[0]) for g in groups]
+    stacks = [d.stack_chunks(tensors, g).contiguous() for g in groups]
+    coefficients = [d.forward_blocks(x, b) for x, b in zip(stacks, bases, strict=True)]
 
     def forward():
-        for p, lay, b in zip(params, layouts, bases, strict=True):
-            d.forward(p.detach(), lay, b)
+        for x, b in zip(stacks, bases, strict=True):
+            d.forward_blocks(x, b)
 
     def inverse():
-        for c, lay, b in zip(coefficients, layouts, bases, strict=True):
-            d.inverse(c, lay, b)
+        for c, b in zip(coefficients, bases, strict=True):
+            d.inverse_blocks(c, b)
 
     return forward, inverse
 
@@ -66,25 +61,25 @@ def measure(values: str, topk: int, workers: int, repeats: int) -> dict[str, flo
     optimizer = sl.DeMo(params, 1e-3, topk=topk, values=values)
     forward_backward()
     forward, inverse = transforms(params, 64)
-    return {
-        "params": sum(p.numel() for p in params),
-        "forward_backward": median_seconds(forward_backward, repeats),
-        "floor": median_seconds(lambda: (forward(), inverse()), repeats),
-        "begin": _half(optimizer, workers, repeats, "begin"),
-        "end": _half(optimizer, workers, repeats, "end"),
-    }
-
-
-def _half(optimizer, workers: int, repeats: int, which: str) -> float:
-    times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
+    # Interleaved: each repeat times the floor, then one step's two halves, then a forward and backward
+    # pass, so that the load on a shared machine weighs on all of them alike.
+    times: dict[str, list[float]] = {"floor": [], "begin": [], "end": [], "forward_backward": []}
+    for repeat in range(repeats + 1):  # the first warms caches and the allocator
+        marks = [time.perf_counter()]
+        forward(), inverse()
+        marks.append(time.perf_counter())
         payload = optimizer.begin_step()
-        middle = time.perf_counter()
+        marks.append(time.perf_counter())
         optimizer.end_step([payload] * workers)
-        end = time.perf_counter()
-        times.append(middle - start if which == "begin" else end - middle)
-    return statistics.median(times[1:])
+        marks.append(time.perf_counter())
+        forward_backward()
+        marks.append(time.perf_counter())
+        if repeat:
+            for name, begin, end in zip(times, marks[:-1], marks[1:], strict=True):
+                times[name].append(end - begin)
+    return {"params": sum(p.numel() for p in params)} | {
+        name: statistics.median(t) for name, t in times.items()
+    }
 
 
 def main() -> None:
@@ -103,10 +98,12 @@ def main() -> None:
                      f"{1e3 * m['floor'] * per_million:.1f}", f"{both / m['floor']:.2f}×",
                      f"{1e3 * m['forward_backward'] * per_million:.1f}", f"{both / m['forward_backward']:.2f}"])  # fmt: skip
         print(rows[-1], flush=True)
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     body = f"""One CPU thread, the small GPT ({m["params"] / 1e6:.2f}M parameters, batch 8 of 128 bytes), {args.workers}
 payloads averaged per step, median of {args.repeats}. Times in ms per step per million parameters. The floor
-is the transform alone: one chunked DCT forward and one inverse (two batched matrix products each) over
-every tensor. Target: compression + decompression within 2× of the floor.
+is the transform alone: one chunked DCT forward and one inverse (two batched matrix products each, over
+the stack of all chunks of one shape). Target: compression + decompression within 2× of the floor.
+Load average while it ran (1, 5, 15 min): {load}.
 
 {markdown_table(["setting", "compress", "decompress", "both", "floor (DCT + IDCT)", "both / floor", "forward+backward", "both / fwd+bwd"], rows)}
 """

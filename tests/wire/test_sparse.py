@@ -87,3 +87,23 @@ def test_encoding_refuses_what_no_node_could_send():
         pack([[1, 16]], [[1.0, 2.0]])
     with pytest.raises(PayloadError, match="values_as"):
         encode_sparse(np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32), 4, values_as="int4")
+
+
+@pytest.mark.parametrize("values_as", ["2bit", "sign"])
+def test_a_part_of_several_tensors_carries_a_scale_for_each(values_as):
+    # DeMo packs the chunks of every tensor of one chunk shape as one part: chunks 0-3 one tensor, 4-5 another
+    indices, raw = coefficients()
+    raw[4:] *= 100.0  # the second tensor's values are far larger: one scale for both would flatten the first
+    owners = torch.tensor([0, 0, 0, 0, 1, 1])
+    values = d.quantize(raw, values_as, "tensor", owners).numpy()
+    for t, rows in enumerate((slice(0, 4), slice(4, 6))):  # each tensor on its own scale, as if alone
+        alone = d.quantize(raw[rows], values_as, "tensor").numpy()
+        assert np.allclose(values[rows], alone, rtol=1e-6), t
+    data = encode_sparse(indices.numpy(), values, 4096, values_as=values_as, segments=(4, 2))
+    assert (
+        len(data)
+        == len(encode_sparse(indices.numpy(), values[:, :], 4096, values_as=values_as, scale="chunk")) - 2 * 4
+    )
+    got_indices, got_values = decode_sparse(data, chunks=6, k=8, chunk_numel=4096, segments=(4, 2))
+    order = np.argsort(indices.numpy(), axis=1)
+    assert np.array_equal(got_values, np.take_along_axis(values, order, 1))

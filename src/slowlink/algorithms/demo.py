@@ -257,11 +257,24 @@ def groups_of(shapes: tuple[tuple[str, tuple[int, ...]], ...], chunk: int) -> tu
 
 
 def stack_chunks(tensors: dict[str, torch.Tensor], group: Group) -> torch.Tensor:
-    """(chunks, h, w): the group's tensors' chunks, one tensor after another."""
-    blocks = [
-        to_chunks(tensors[name], layout) for name, layout in zip(group.names, group.layouts, strict=True)
-    ]
-    return blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+    """(chunks, h, w): the group's tensors' chunks, one tensor after another, each copied once into place."""
+    if len(group.names) == 1:
+        return to_chunks(tensors[group.names[0]], group.layouts[0])
+    like = tensors[group.names[0]]
+    h, w = group.layouts[0].h, group.layouts[0].w
+    blocks, at = like.new_empty((group.chunks, h, w)), 0
+    for name, layout in zip(group.names, group.layouts, strict=True):
+        r, c = layout.rows // h, layout.cols // w
+        place = blocks[at : at + layout.chunks].view(r, c, h, w)
+        place.copy_(tensors[name].reshape(r, h, c, w).permute(0, 2, 1, 3))
+        at += layout.chunks
+    return blocks
+
+
+@lru_cache(maxsize=64)
+def owners_of(group: Group, device: torch.device) -> torch.Tensor | None:
+    """The tensor (its place in the group) of each chunk of the stack, on `device`; None for one tensor."""
+    return torch.tensor(group.owners, device=device) if len(group.names) > 1 else None
 
 
 def unstack_chunks(blocks: torch.Tensor, group: Group) -> dict[str, torch.Tensor]:
@@ -317,14 +330,14 @@ def demo_math(
     def compress(
         grads: dict[str, torch.Tensor], state: DeMoState, lr: dict[str, float]
     ) -> tuple[list[Sparse], DeMoState]:
-        momentum = {name: beta * state.momentum[name] + float(lr[name]) * g.to(torch.float32)
+        momentum = {name: torch.add(beta * state.momentum[name], g.to(torch.float32), alpha=float(lr[name]))
                     for name, g in grads.items()}  # fmt: skip
         sent, after = [], {}
         for group in groups(momentum):
             blocks = stack_chunks(momentum, group)
             b = basis(group, state.step, blocks)
             picked = top_k(forward_blocks(blocks, b), topk)
-            owners = torch.tensor(group.owners, device=blocks.device) if len(group.names) > 1 else None
+            owners = owners_of(group, blocks.device)
             picked = Sparse(picked.indices, quantize(picked.values, values, value_scale, owners))
             sent.append(picked)
             after.update(
