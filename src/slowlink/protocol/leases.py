@@ -182,6 +182,7 @@ class Leases:
         self.beats = 0
         self.beaten_at = self.observed_at = float("-inf")
         self.reads = 0  # full reads of nodes/ so far: what session.batch_size waits on after joining
+        self.most_live = 1  # the most nodes seen live at once, this one included (a merger's membership)
 
     def beat(self, status: dict) -> None:
         """Rewrite this node's lease with a higher beat and `status` (step, samples, versions, ...)."""
@@ -208,6 +209,7 @@ class Leases:
                     continue  # read again on the next look
                 self.liveness.observe(item.key, item.etag, beat)
         self.liveness.forget_absent(present)
+        self.most_live = max(self.most_live, len(self.live()))
         self.observed_at = self.clock()
         self.reads += 1
         if sweep and (gone := self.liveness.gone_for(2 * self.lease_seconds)):

@@ -29,6 +29,7 @@ from . import contribution, keys
 from .chain import newest_snapshot
 from .commits import CommitWriter
 from .housekeeping import Housekeeping
+from .leases import Leases
 from .looks import Looks
 from .run import HEAD_EVERY, Run, Written, advance_head, get_blob, read_commit
 
@@ -66,13 +67,14 @@ class Merger:
         node_id: str,
         emit: Callable[[Event], None],
         clock: Callable[[], float] = time.monotonic,
-        lease_seconds: float = 120.0,
+        leases: Leases | None = None,
     ) -> None:
         self.mailbox, self.run, self.method, self.node_id = mailbox, run, method, node_id
         self.emit, self.clock = emit, clock
-        # Membership at a run's start (_ready): the most nodes seen live at once, and until when a view short
-        # of the quorum may still miss a node that has not written its lease, or whose lease is not read yet.
-        self.most_live, self.membership_known_at = 0, clock() + lease_seconds
+        # Membership at a run's start (_ready): the leases this node reads, leader or not, and until when a
+        # view short of the quorum may still miss a node that has not written its lease, or is not read yet.
+        self.leases = leases
+        self.membership_known_at = clock() + leases.lease_seconds if leases is not None else -math.inf
         self.rounds, self.wire = method.rounds(len(run.plan)), method.wire()
         self.outer_states: dict[int, tuple[int, Arrays]] = {}  # fragment -> (version, the method's state)
         self.open: dict[int, OpenRound] = {}
@@ -203,7 +205,6 @@ class Merger:
         the leases at most a couple of seconds old (live_nodes(True)): a node that joined is waited for, one
         that left is not waited for long."""
         reported, live = set(current.accepted) | set(current.rejected), live_nodes(True)
-        self.most_live = max(self.most_live, len(live))
         every_live_node_reported = bool(reported) and live <= reported
         if not current.accepted:
             # Every contribution so far was rejected: once every live node has reported, the round commits
@@ -213,7 +214,8 @@ class Merger:
             # Short of the quorum, only every live node's report closes it, and only on a view that can be
             # trusted to hold every node: one that has seen the quorum live (a node has left since), or one
             # a lease old. At a run's start the others may not have written their leases yet.
-            known = self.most_live >= self.rounds.quorum_size or self.clock() >= self.membership_known_at
+            seen = max(len(live), self.leases.most_live if self.leases is not None else 0)
+            known = seen >= self.rounds.quorum_size or self.clock() >= self.membership_known_at
             return every_live_node_reported and known
         grace = rounds_.grace_seconds(
             self.rounds, [record["step_seconds"] for record in current.accepted.values()]
