@@ -72,4 +72,15 @@ Path(out).write_text(
     )
 )
 if role == "island":
+    # Parameters replicated over the mesh (not fully_shard's rows): refused on every rank, naming the tensor.
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_module
+
+    replicated = distribute_module(torch.nn.Linear(4, 4), init_device_mesh("cpu", (2,)))
+    try:
+        sl.Session(replicated, algorithm=method, mailbox=mailbox, island=dist.group.WORLD).start()
+        refused = ""
+    except sl.ConfigError as error:
+        refused = str(error)
+    Path(out).write_text(json.dumps({**json.loads(Path(out).read_text()), "refused": refused}))
     dist.destroy_process_group()

@@ -87,6 +87,8 @@ def test_an_fsdp2_island_trains_its_shards_and_holds_the_rows_of_every_commit(tm
             assert (len(mine), len(theirs)) == rows[name]  # each rank holds its rows only
             assert mine + theirs == whole, (key, name)  # and they are the commit's, exactly
     assert lead["bytes_sent"] > 0 and other["bytes_sent"] == 0
+    # A DTensor placed otherwise than by rows over the island (here replicated) is refused on every rank.
+    assert all("'weight' is a DTensor placed (Replicate(),)" in rank["refused"] for rank in (lead, other))
     # Leaving aligned the ranks' shards with the newest commits: together, the plain node's model where it
     # left at the same commits.
     assert lead["left_at"] == other["left_at"]
