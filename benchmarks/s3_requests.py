@@ -138,6 +138,7 @@ def main() -> None:
         Counter(),
         {"join": [], "step": [], "leave": []},
     )
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
     with open_s3_endpoint() as endpoint, tempfile.TemporaryDirectory() as folder:
         store = "moto on 127.0.0.1" if endpoint.is_moto else endpoint.url
         for _ in range(options.repeats):
@@ -175,6 +176,8 @@ step and a sleep to {STEP_SECONDS * 1000:.0f} ms), `DiLoCo(sync_every={SYNC_EVER
 (quorum 1, no barrier): {ROUNDS} scheduled rounds. Requests of both nodes together, joining and leaving
 included, over the scheduled rounds. Wall: the slower node's time from entering `Session` to leaving it,
 against the plain loop's {STEPS} steps in the same kind of process. Medians of {options.repeats} runs, alternating.
+Load average (1, 5, 15 min) before: {" ".join(load_before)}, after: {" ".join(Path("/proc/loadavg").read_text().split()[:3])}
+on 2 cores shared with other work.
 
 {summary}.
 

@@ -2,7 +2,7 @@
 joining (engine/channel.py is the interface it offers the driver).
 
 Each turn it uploads queued contributions, probes for the commits its contributions await (follow.py:
-head.json, a hint, once a beat), beats its lease, watches or renews the leadership, and, when it leads, tries to close each
+head.json, a hint, a quarter lease apart, once a beat while none awaits), beats its lease, watches or renews the leadership, and, when it leads, tries to close each
 fragment's next round. Turns come every poll_seconds while a round this node takes part in is open, a few
 times less often otherwise; the lease is beaten a few times per lease, the leases and leader.json are read
 every couple of seconds only where they are needed. It talks to the training thread through two queues
@@ -207,9 +207,11 @@ class Courier:
         awaiting = set(self.sent)  # before this turn's uploads: a contribution just sent has no commit yet
         self._send_contributions()
         now = self.clock.now()
-        # Once a beat head.json and every fragment's next commit (the merger: to notice another merger's
-        # commits); between, a follower probes the next commit of each fragment a contribution awaits.
-        if now - self._head_read_at >= self.beat_seconds:
+        # head.json and every fragment's next commit once a beat while no contribution of this node awaits a
+        # commit (nothing else tells it of new ones), else a quarter lease apart (the merger: to notice another
+        # merger's commits); between, a follower probes the next commit of each fragment a contribution awaits.
+        hint_seconds = self.observe_seconds if self.sent else self.beat_seconds
+        if now - self._head_read_at >= hint_seconds:
             self._head_read_at = now
             self.feed.poll_head(None if self.leadership.is_leader else self.sent)
         elif not self.leadership.is_leader:
@@ -223,9 +225,10 @@ class Courier:
             self.leases.observe(
                 sweep=self.leadership.is_leader
             )  # the merger also reads them when a round could close (live_nodes)
-        # A follower reads leader.json once a beat, or every watch_seconds while a commit it awaits is
-        # overdue: a merger that left or died is replaced soon when someone needs it, cheaply when nobody does.
-        watch = self.watch_seconds if self.feed.overdue(self.sent, self.watch_seconds) else self.beat_seconds
+        # A follower reads leader.json a quarter lease apart, or every watch_seconds while a commit it awaits
+        # is overdue: a merger that left or died is replaced soon when someone needs it, cheaply when nobody does.
+        overdue = self.feed.overdue(self.sent, self.watch_seconds)
+        watch = self.watch_seconds if overdue else self.observe_seconds
         if not self.leadership.is_leader and now - self._leader_checked_at < watch:
             return
         self._leader_checked_at = now

@@ -1,6 +1,6 @@
 """How a node learns of new commits without reading head.json every turn: it probes the key of the next
 commit of each fragment a contribution of its awaits (a missing key is one cheap 404), not before most of
-the time its commits have taken lately, and once a beat reads head.json, a hint that names the newest
+the time its commits have taken lately, and a quarter lease apart reads head.json, a hint that names the newest
 commits only every few (run.HEAD_EVERY), and probes past it where something may be new.
 """
 
