@@ -11,7 +11,6 @@ tidy is done every few seconds (housekeeping.py).
 import ctypes
 import math
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,7 +18,7 @@ import numpy as np
 
 from ..algorithms import rounds as rounds_
 from ..algorithms.method import Method
-from ..algorithms.robust import bounded_claims, l2_norm, norm_outliers
+from ..algorithms.robust import l2_norm
 from ..arrays import Arrays
 from ..errors import PayloadError
 from ..events import Event
@@ -29,13 +28,11 @@ from . import contribution, keys
 from .chain import newest_snapshot
 from .commits import CommitWriter
 from .housekeeping import Housekeeping
+from .judge import Judge, check_record, contributors_of
 from .leases import Leases
 from .looks import Looks
 from .run import HEAD_EVERY, Run, Written, advance_head, get_blob, read_commit
 
-HISTORY = 16  # recent norms per fragment and samples per step per node kept for judging later rounds
-MAX_CLAIM_RATIO = 4.0  # how far a node's reported samples per step may exceed the others' (bounded_claims)
-STEP_CAP_ROUNDS = 16  # a Δ counts as spanning at most this many rounds of steps, carried ones included
 HELD = 4  # contributions of a round kept as read for the merge; the others are read again when it closes
 
 
@@ -79,10 +76,8 @@ class Merger:
         self.outer_states: dict[int, tuple[int, Arrays]] = {}  # fragment -> (version, the method's state)
         self.open: dict[int, OpenRound] = {}
         self.head: list[int] = [0] * len(run.plan)
-        self.recent_norms: dict[int, deque[float]] = {}
-        self.recent_per_step: dict[str, deque[float]] = {}
+        self.judge = Judge(self.rounds)
         self.writer = CommitWriter(mailbox, run, self.wire, node_id, emit)
-        self._step_cap = STEP_CAP_ROUNDS * self.rounds.sync_every
         self.head_written: Written | None = None  # head.json as this node last wrote it
         self.housekeeping = Housekeeping(mailbox, len(run.plan), node_id, emit, clock)
         self.own: dict[
@@ -172,27 +167,13 @@ class Merger:
                     record = contribution.read(found.data, self.run, fragment, current.round, node)
                     if len(current.held) < HELD:
                         current.held[node] = found.data
-                self._judge(record, node, fragment, current.round)
+                check_record(record, node, fragment, current.round)
             except PayloadError as error:
                 self._reject(current, node, str(error))
                 continue
             current.accepted[node] = record
         if current.quorum_at is None and rounds_.quorum_reached(self.rounds, len(current.accepted)):
             current.quorum_at = self.clock()
-
-    def _judge(self, record: dict, node: str, fragment: int, round_: int) -> None:
-        if record["node"] != node or record["fragment"] != fragment or record["round"] != round_:
-            raise PayloadError(f"record names node {record['node']} fragment {record['fragment']} round "
-                               f"{record['round']}, but sits at fragment {fragment} round {round_} for {node}")  # fmt: skip
-        if record["base"] != round_ - 1:
-            raise PayloadError(f"contribution is anchored at version {record['base']}, but round {round_} "
-                               f"builds on version {round_ - 1}")  # fmt: skip
-        if not (math.isfinite(record["norm"]) and record["norm"] >= 0):
-            raise PayloadError(f"contribution reports a norm of {record['norm']}, not a finite number ≥ 0")
-        if record["samples"] <= 0 or record["steps"] <= 0:
-            raise PayloadError(
-                f"contribution reports {record['steps']} steps and {record['samples']} samples"
-            )
 
     def _reject(self, current: OpenRound, node: str, reason: str) -> None:
         current.rejected[node] = reason
@@ -233,12 +214,12 @@ class Merger:
         and those of the fragment's recent contributions (`norm_outliers`), and against the anchor's own
         norm: a node can misreport only its own norm, and that moves the others' median by one rank."""
         reported = {node: record["norm"] for node, record in current.accepted.items()}
-        history = list(self.recent_norms.get(fragment, ()))
+        history = self.judge.history(fragment)
         for node, record in sorted(current.accepted.items()):
             try:
                 delta = self._load_contribution(fragment, current, node, record["blob"])
                 current.norms[node] = norm = l2_norm(self.run.judged(delta))
-                self._judge_norm(node, norm, reported, history, anchor_norm, current.steps[node])
+                self.judge.judge_norm(node, norm, reported, history, anchor_norm, current.steps[node])
             except PayloadError as error:
                 self._reject(current, node, str(error))
                 continue
@@ -268,35 +249,11 @@ class Merger:
             raise PayloadError(f"delta holds tensors {sorted(delta)}, not fragment {fragment}'s")
         return delta
 
-    def _judge_norm(
-        self,
-        node: str,
-        norm: float,
-        reported: dict[str, float],
-        history: list[float],
-        anchor_norm: float,
-        steps: int,
-    ) -> None:
-        factor = self.rounds.max_norm_ratio
-        if factor is None:
-            return
-        others = {other: value for other, value in reported.items() if other != node}
-        reason = norm_outliers(others | {node: norm}, factor, history, {node: steps}).get(node)
-        if reason is None and anchor_norm > 0 and norm > factor * anchor_norm:
-            # No honest Δ is many times the parameters it moves: this holds even for a round's only
-            # contribution in a run's first round, when there is nothing else to compare it with.
-            reason = (f"its Δ's L2 norm {norm:.6g} is {norm / anchor_norm:.3g} times the fragment's own norm "
-                      f"{anchor_norm:.6g}, above the limit of {factor:g} times")  # fmt: skip
-        if reason is not None:
-            raise PayloadError(reason)
-
     def _weights(self, current: OpenRound) -> dict[str, float]:
         """Each contribution's merge weight from its claims bounded (bounded_claims); the bounded steps
         are kept in `current.steps` for judging its norm."""
         claims = {node: (record["samples"], record["steps"]) for node, record in current.accepted.items()}
-        bounded = bounded_claims(
-            claims, self.recent_per_step, max_steps=self._step_cap, ratio=MAX_CLAIM_RATIO
-        )
+        bounded = self.judge.bounded(claims)
         current.steps = {node: steps for node, (_, steps) in bounded.items()}
         return {node: self.method.weight(*bounded[node]) for node in claims}
 
@@ -311,10 +268,8 @@ class Merger:
             self.writer.last_snapshot.setdefault(fragment, 0)
             return self.method.init_state(anchor)
         newest = read_commit(self.mailbox, fragment, version)
-        if (
-            newest is not None and fragment not in self.recent_norms
-        ):  # a new merger learns them from the store
-            self._remember(fragment, newest["contributors"])
+        if newest is not None and not self.judge.knows(fragment):  # a new merger learns them from the store
+            self.judge.remember(fragment, newest["contributors"])
         snapshot_round, record = newest_snapshot(self.mailbox, fragment, version)
         self.writer.last_snapshot[fragment] = snapshot_round
         if record is None or record["outer_state"] is None:
@@ -328,16 +283,6 @@ class Merger:
             expect_shapes=self.run.shapes(fragment),
         )
         return state  # read-only views of the payload: the method's outer step only reads them
-
-    def _remember(self, fragment: int, contributors: list[dict]) -> None:
-        """Keep a commit's contributors' measured norms and samples per step, for judging later rounds."""
-        norms = self.recent_norms.setdefault(fragment, deque(maxlen=HISTORY))
-        for entry in contributors:
-            if entry["steps"] > 0:  # a commit record's contributors are typed by records.CONTRIBUTOR
-                if "norm" in entry:
-                    norms.append(entry["norm"] / min(entry["steps"], self._step_cap))
-                per_step = self.recent_per_step.setdefault(entry["node"], deque(maxlen=HISTORY))
-                per_step.append(entry["samples"] / entry["steps"])
 
     def _commit(self, fragment: int, current: OpenRound, anchor: Arrays, live: set[str]) -> Committed | None:
         version = current.round - 1
@@ -371,7 +316,7 @@ class Merger:
             largest = max(accepted, key=lambda node: current.norms.get(node, 0.0))
             self._reject(current, largest, "merging its Δ made the fragment's parameters non-finite")
             return None
-        fields = {"contributors": _contributors(accepted, weights, current.norms),
+        fields = {"contributors": contributors_of(accepted, weights, current.norms),
                   "rejected": [{"node": node, "reason": why} for node, why in sorted(current.rejected.items())],
                   "merger": self.node_id, "flush_only": flush_only, "live": shape.live, "stale": shape.stale}  # fmt: skip
         written = self.writer.write(fragment, current.round, params, anchor, state, fields, self.head)
@@ -382,7 +327,7 @@ class Merger:
         known[fragment] = current.round
         self.move_head(known)
         self.outer_states[fragment] = (current.round, state)
-        self._remember(fragment, record["contributors"])
+        self.judge.remember(fragment, record["contributors"])
         self.emit(Event("round_merged", self.node_id,
                         f"fragment {fragment} round {current.round} from {len(accepted)} node(s)"
                         + (f", {len(current.rejected)} rejected" if current.rejected else ""),
@@ -395,18 +340,6 @@ class Merger:
             del self.own[key]
         release_freed_memory()
         return Committed(fragment, current.round, params, record)
-
-
-def _contributors(
-    accepted: dict[str, dict], weights: dict[str, float], norms: dict[str, float]
-) -> list[dict]:
-    """What a commit record says of each contribution it merged: its claims, and the weight and the norm
-    the merger gave and measured."""
-    return [
-        {"node": node, "blob": r["blob"], "samples": r["samples"], "steps": r["steps"], "final": r["final"],
-         "weight": weights[node], "norm": norms[node]}
-        for node, r in sorted(accepted.items())
-    ]  # fmt: skip
 
 
 def _finite(arrays: Arrays) -> bool:

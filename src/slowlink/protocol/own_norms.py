@@ -6,7 +6,7 @@ a lone contribution, here by the node's own history), which means the model was 
 from collections import deque
 
 from ..algorithms.robust import beyond_history
-from .merger import HISTORY
+from .judge import HISTORY
 
 
 class OwnNorms:
