@@ -48,9 +48,8 @@ CHUNK_BLOCKS = 8192  # blocks per pass: 1 MiB of float32, so the temporaries of 
 
 @dataclass(frozen=True)
 class Encoding:
-    """A format's pair of functions; `encode`'s arrays may share memory with its input (F32 does).
-    `joined`: each tensor encodes to one entry of bytes, and a payload holds them all as one entry (a
-    sparse tensor's bytes are fewer than its own line in a payload's table: payload.py)."""
+    """A format's pair of functions; `encode`'s arrays may share memory with its input (F32 does). `joined`:
+    a payload holds all its tensors' bytes as one entry (sparse ones are smaller than their own table line)."""
 
     name: str
     encode: Callable[[np.ndarray], dict[str, np.ndarray]]
