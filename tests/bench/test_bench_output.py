@@ -17,7 +17,7 @@ from rich.console import Console
 from slowlink.bench.config import PRESETS, SYNC_STEPS, preset
 from slowlink.bench.outcome import Outcome
 from slowlink.bench.registry import METHODS
-from slowlink.bench.report import COLUMNS, LiveView, colours
+from slowlink.bench.report import COLUMNS, LiveView, colours, markdown_table
 from slowlink.bench.run import run_bench
 from slowlink.cli.main import main
 
@@ -178,6 +178,17 @@ def test_through_a_store_a_workers_bytes_are_its_puts_of_each_round_and_gets_of_
     # every round, each worker PUTs its Δ (the peak, computed from the method's plan) and GETs the commit
     assert diloco.bytes_sent == rounds * diloco.peak_bytes_per_sync
     assert diloco.bytes_received >= rounds * 4 * result.parameters  # the committed parameters, fp32
+
+
+def test_each_method_that_ends_is_saved_with_those_still_to_run_named(tmp_path):
+    saved = []
+    config = preset("smoke", methods=("diloco", "streaming"), jobs=1)
+    result = run_bench(config, Quiet(), save=lambda so_far: saved.append(so_far))
+    assert [[o.name for o in r.outcomes] for r in saved] == [["diloco"], ["diloco", "streaming"]]
+    assert [r.unfinished for r in saved] == [["streaming"], []]
+    assert saved[-1].outcomes == result.outcomes and result.unfinished == []
+    assert "Not finished (yet): streaming." in markdown_table(saved[0])
+    assert "Not finished" not in markdown_table(result)
 
 
 def test_on_a_terminal_the_live_table_shows_each_methods_progress_and_result():

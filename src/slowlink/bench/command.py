@@ -39,9 +39,11 @@ def add_bench(commands: argparse._SubParsersAction) -> None:
         help="the methods side by side on a small GPT, in the simulator: loss, bytes, time",
         description=(
             "Train the same byte-level GPT on the Python standard library with DDP, DiLoCo, Streaming DiLoCo, "
-            "Decoupled DiLoCo and DeMo: same seed, data order and samples, each on simulated workers over a "
-            "modelled link. Writes a Markdown table, a PNG and a JSON file. Models: docs/bench.md. Defaults: the full run (small model, 4 workers, "
-            "500 steps, H = 50, P = 3, about 30 min); --quick (tiny model, 200 steps, H = 20, about 3 min)."
+            "Decoupled DiLoCo, DiLoCo with top-k deltas, the gossip variants, NoLoCo and DeMo: same seed, data "
+            "order and samples, each on simulated workers over a modelled link. Writes a Markdown table, a PNG "
+            "and a JSON file, again as each method ends. Models: docs/bench.md. Defaults: the full run (small "
+            "model, 4 workers, 500 steps, H = 50, P = 3, about 30 min on 2 idle cores); --quick (tiny model, "
+            "200 steps, H = 20, minutes)."
         ),
     )
     for option, (metavar, text) in BENCH_HELP.items():
