@@ -97,7 +97,8 @@ def test_the_report_of_a_run_in_progress_takes_its_rounds_from_the_events_files(
     assert "from the events files" in page and "No loss logged" in page
     assert page.count('src="data:image/png;base64,') == 2  # rounds and bytes; no loss was logged
     rows = re.findall(r"<tr><td>(node-\d)[^<]*</td><td class=text>(\w+)</td><td>(\d+)</td>", page)
-    assert sorted(rows) == [("node-0", "quiet", "8"), ("node-1", "quiet", "8")]  # the leases say step 8
+    # The leases say step 8, and were written within a lease by the store's clock: live, without watching
+    assert sorted(rows) == [("node-0", "live", "8"), ("node-1", "live", "8")]
 
 
 def test_a_report_without_history_or_events_still_names_the_run_and_says_what_is_missing(tmp_path, capsys):

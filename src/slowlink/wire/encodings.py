@@ -2,8 +2,8 @@
 
 An encoding is a pair of pure functions: `encode(values)` returns the arrays to store (suffix -> array;
 "" is the main entry, other suffixes start with "@", e.g. "@scale") and `decode(entries, shape)`
-rebuilds float32. `ENCODINGS` maps each `delta_dtype` / `commit_dtype` name to its pair. The rounding
-and bit arithmetic of the narrow formats is in `minifloat.py`; here are the formats and their blocks.
+rebuilds float32. `ENCODINGS` maps each `delta_dtype` / `commit_dtype` name to its pair (the narrow
+formats' rounding and bit arithmetic are in `minifloat.py`).
 
 Formats (byte layouts and measured errors: docs/wire.md). Every entry is stored flat, little-endian.
 - F32, F16: IEEE floats; F16 rounds to nearest even.
@@ -12,8 +12,7 @@ Formats (byte layouts and measured errors: docs/wire.md). Every entry is stored 
   smallest that puts the block's largest magnitude at or under 448; values are E4M3FN codes (U8).
 - F8_E4M3_TENSOR: the same codes with one power-of-two scale for the whole tensor.
 - F4: OCP MX FP4 (E2M1 in blocks of 32, one E8M0 scale byte per block in "@scale", two codes per byte,
-  low nibble first). The scale is the smallest that does not clip, so no value saturates.
-All roundings are to nearest, ties to even, and scales are powers of two, so decoding is exact.
+  low nibble first), scaled so that no value clips. Roundings: to nearest, ties to even; scales: powers of two.
 
 Edge values: zeros keep their sign; float32 denormals pass through F32 and BF16 and elsewhere keep
 what the format (after its scale) can express. Encoders refuse NaN, infinities and magnitudes a format
@@ -48,13 +47,12 @@ CHUNK_BLOCKS = 8192  # blocks per pass: 1 MiB of float32, so the temporaries of 
 
 @dataclass(frozen=True)
 class Encoding:
-    """A format's pair of functions; `encode`'s arrays may share memory with its input (F32 does). `joined`:
-    a payload holds all its tensors' bytes as one entry (sparse ones are smaller than their own table line)."""
+    """A format's pair of functions; `encode`'s arrays may share memory with its input (F32 does)."""
 
     name: str
     encode: Callable[[np.ndarray], dict[str, np.ndarray]]
     decode: Callable[[dict[str, np.ndarray], tuple[int, ...]], np.ndarray]
-    joined: bool = False
+    joined: bool = False  # a payload holds all tensors' bytes as one entry (a sparse tensor is smaller than its table line)
 
 
 F16_LIMIT = 65520.0  # the first magnitude that rounds to infinity in F16
