@@ -106,7 +106,9 @@ def test_a_commit_without_this_nodes_contribution_carries_its_steps_into_the_nex
             constant_descent(slow, b, 1)
             # slow held Θ0 = 0 and trained to −3: carry gives −3 + (Θ1 − Θ0) = −5: all 3 steps kept.
             assert slow.weight.item() == pytest.approx(-5.0)
-            assert (b.stats.contributions_sent, b.stats.contributions_late) == (1, 1)
+            # Whether the missed steps went out again at once depends on whether the commit told slow that
+            # it missed (its courier uploaded before it polled) or the refusal came after: both keep all 3.
+            assert b.stats.contributions_late == 1 and b.stats.contributions_sent in (1, 2)
     late = [e for e in events if e.kind == "contribution_late"]
     assert late[0].data == {"fragment": 0, "round": 1, "steps": 2}
     record = sl.protocol.run.read_commit(mailbox, 0, 1)

@@ -185,7 +185,10 @@ class Merger:
         """Closing before the quorum and grace say so needs every live node to have reported, on a view of
         the leases at most a couple of seconds old (live_nodes(True)): a node that joined is waited for, one
         that left is not waited for long."""
-        reported, live = set(current.accepted) | set(current.rejected), live_nodes(True)
+        reported = set(current.accepted) | set(current.rejected)
+        # Nothing reported, nothing to close: no lease read (each one costs a LIST, and one read after joining
+        # is what session.batch_size waits for, to count the nodes started with this one).
+        live = live_nodes(True) if reported else set()
         every_live_node_reported = bool(reported) and live <= reported
         if not current.accepted:
             # Every contribution so far was rejected: once every live node has reported, the round commits
