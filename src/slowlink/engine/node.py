@@ -145,10 +145,10 @@ class Node:
         names, tensors = self.plan[fragment], self.adapter.tensors
         wanted = sorted(names, key=lambda name: _layout(tensors[name]))
         settled = sorted((q for q in self._clones if q not in self.outgoing), key=lambda q: q != fragment)
-        into = None
+        into, layouts = None, [_layout(tensors[name]) for name in wanted]
         for q in settled:
             theirs = sorted(self._clones[q].values(), key=_layout)
-            if [_layout(t) for t in theirs] == [_layout(tensors[name]) for name in wanted]:
+            if [_layout(t) for t in theirs] == layouts:
                 into = dict(zip(wanted, theirs, strict=True))
                 del self._clones[q]
                 settled.remove(q)
@@ -319,8 +319,9 @@ class Node:
 
 
 def _layout(tensor: object) -> tuple:
-    """What a clone of `tensor` must match to be reused for another: its device and shape."""
-    return (str(getattr(tensor, "device", "")), tuple(tensor.shape))
+    """What a clone of `tensor` must match to be reused for another: its device, dtype and shape (a copy
+    into a clone of another dtype would cast silently)."""
+    return (str(getattr(tensor, "device", "")), str(getattr(tensor, "dtype", "")), tuple(tensor.shape))
 
 
 def _refuse_sampleless(state: rounds_.NodeState, fragments: tuple[int, ...]) -> None:
