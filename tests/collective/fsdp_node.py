@@ -8,12 +8,15 @@ it holds (its anchors: the island's ranks their shards of them) and, on leaving,
 import json
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import slowlink as sl
+from slowlink.collective.island import IslandLead
+from slowlink.protocol.courier import Courier
 
 role, rank, port, mailbox, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 torch.manual_seed(0)
@@ -72,6 +75,48 @@ Path(out).write_text(
     )
 )
 if role == "island":
+    # Rank 0's host allocations while it streams contributions: a model of 16 tensors in a run of its own.
+    probe = torch.nn.Sequential(*[torch.nn.Linear(96, 96, bias=False) for _ in range(16)])
+    fully_shard(probe)
+    # From publishing a contribution to its upload (done by the communication thread), the peak of rank 0's
+    # traced host allocations over what it held before; a window in which a commit came counts apart.
+    windows, window = [], {}
+    publish, upload, deliver = IslandLead.publish, Courier._upload, Courier._deliver
+
+    def measured(lead, contribution):
+        tracemalloc.reset_peak()
+        window.update(before=tracemalloc.get_traced_memory()[0], delivered=False)
+        publish(lead, contribution)
+
+    def uploaded(courier, item):
+        upload(courier, item)
+        peak = tracemalloc.get_traced_memory()[1] - window.pop("before")
+        windows.append([peak, len(item.prepared[0]), window["delivered"]])
+
+    def delivered(courier, *args):
+        window["delivered"] = True
+        deliver(courier, *args)
+
+    IslandLead.publish, Courier._upload, Courier._deliver = measured, uploaded, delivered
+    tracemalloc.start()
+    with sl.Session(probe, algorithm=sl.DiLoCo(sync_every=2, overlap_steps=0, delta_dtype="BF16"), mailbox=f"{mailbox}-probe",
+                    node_id="probe", poll_seconds=0.02, island=dist.group.WORLD) as session:  # fmt: skip
+        for _ in range(4):
+            probe(torch.randn(2, 96)).pow(2).mean().backward()
+            with torch.no_grad():
+                for p in probe.parameters():
+                    p -= 0.1 * p.grad
+            session.step(samples=2)
+    tracemalloc.stop()
+    memory = {"windows": windows, "tensor": 96 * 96 * 4, "fragment": 16 * 96 * 96 * 4}
+    Path(out).write_text(json.dumps({**json.loads(Path(out).read_text()), "memory": memory}))
+    # A join rank 0 cannot make (the run's configuration differs): rank 0 raises why, the other rank stops too.
+    try:
+        sl.Session(model, algorithm=sl.DiLoCo(sync_every=5), mailbox=mailbox, island=dist.group.WORLD).start()
+        failed = ""
+    except sl.SlowlinkError as error:
+        failed = type(error).__name__
+    Path(out).write_text(json.dumps({**json.loads(Path(out).read_text()), "failed_join": failed}))
     # Parameters replicated over the mesh (not fully_shard's rows): refused on every rank, naming the tensor.
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_module

@@ -73,4 +73,11 @@ Path(out).write_text(
     )
 )
 if role == "island":
+    # A join rank 0 cannot make (the run's configuration differs): rank 0 raises why, the other rank stops too.
+    try:
+        sl.Session(model, algorithm=sl.DiLoCo(sync_every=5), mailbox=mailbox, island=dist.group.WORLD).start()
+        failed = ""
+    except sl.SlowlinkError as error:
+        failed = type(error).__name__
+    Path(out).write_text(json.dumps({**json.loads(Path(out).read_text()), "failed_join": failed}))
     dist.destroy_process_group()

@@ -45,6 +45,8 @@ def test_an_island_of_two_gloo_ranks_is_one_node_whose_ranks_never_drift(tmp_pat
     assert len({tuple(versions) for _, versions, _ in lead["trace"]}) >= 4  # commits came in while training
     # Only rank 0 talked to the mailbox.
     assert lead["bytes_sent"] > 0 and other["bytes_sent"] == 0
+    # A join rank 0 cannot make: it raises why, and rank 1, waiting for its word, stops too (no hang).
+    assert (lead["failed_join"], other["failed_join"]) == ("RunConfigMismatch", "IslandLeadFailed")
     # An FSDP1 model's flat parameters are refused on both ranks, naming the fix.
     assert all("FSDP1" in rank["refused"] and "fully_shard" in rank["refused"] for rank in (lead, other))
     # Leaving aligned the island's ranks with the same newest commits, and every node that left at the same
@@ -87,6 +89,15 @@ def test_an_fsdp2_island_trains_its_shards_and_holds_the_rows_of_every_commit(tm
             assert (len(mine), len(theirs)) == rows[name]  # each rank holds its rows only
             assert mine + theirs == whole, (key, name)  # and they are the commit's, exactly
     assert lead["bytes_sent"] > 0 and other["bytes_sent"] == 0
+    assert (lead["failed_join"], other["failed_join"]) == ("RunConfigMismatch", "IslandLeadFailed")
+    # Rank 0 streams each contribution: its host allocations while publishing one stay within the encoding
+    # and the payload it is framed into, plus a tensor in flight, below what the fragment whole would take.
+    memory = lead["memory"]
+    quiet = [(peak, payload) for peak, payload, delivered in memory["windows"] if not delivered]
+    assert len(memory["windows"]) == 2 and quiet, memory
+    for peak, payload in quiet:
+        assert payload < memory["fragment"] * 0.51  # BF16: half of float32, and a header
+        assert 0 < peak <= 2 * payload + 3 * memory["tensor"] < memory["fragment"] + payload, (peak, memory)
     # A DTensor placed otherwise than by rows over the island (here replicated) is refused on every rank.
     assert all("'weight' is a DTensor placed (Replicate(),)" in rank["refused"] for rank in (lead, other))
     # Leaving aligned the ranks' shards with the newest commits: together, the plain node's model where it
