@@ -5,8 +5,9 @@ rank runs the same driver (engine/node.py) in lockstep: the driver asks its chan
 0 answers every few asks (about every CHECK_SECONDS) with what its channel delivered (mostly nothing: one
 tensor of five numbers), the commits themselves and its clock reading, so every rank applies the same commits
 at the same steps and decides each wait alike.
-A contribution is the island's snapshot: a replicated tensor's mean over the ranks (DDP), a sharded one's rows
-from each rank (FSDP2); a commit goes back the same way (collective/shards.py).
+A contribution is the island's snapshot: a replicated tensor's mean over the ranks (DDP), a sharded one's Δ
+rows from each rank, encoded by rank 0 tensor by tensor (FSDP2); a commit goes back the same way
+(collective/shards.py).
 """
 
 from collections.abc import Callable
@@ -164,9 +165,8 @@ class IslandLead:
 
     def __init__(self, island: Island, inner, plan: list[list[str]]) -> None:
         self.island, self.inner, self.plan = island, inner, plan
-        self.diverged: BaseException | None = (
-            None  # a Δ that cannot be encoded: told as the Courier's failure
-        )
+        # A Δ that cannot be encoded (not finite): told to every rank as a failure of the Courier's would be.
+        self.diverged: BaseException | None = None
 
     def publish(self, contribution: Contribution) -> None:
         layout = self.island.layout
@@ -250,10 +250,8 @@ class IslandFollower:
             layout.deltas(contribution.snapshot, contribution.anchor)
             return
         layout.average(contribution.snapshot)
-        for (
-            name,
-            values,
-        ) in contribution.snapshot.items():  # Δ = anchor − snapshot, as rank 0's Courier makes it
+        # Δ = anchor − snapshot, as rank 0's Courier makes it of the same mean
+        for name, values in contribution.snapshot.items():
             subtract_into(contribution.anchor[name], values)
 
     def arrivals(self) -> list[Arrival | Refused]:

@@ -1,8 +1,9 @@
 """How an island's ranks hold each tensor, and the two moves of a round over them: a contribution to rank 0 and
 a commit back to every rank. A tensor is replicated (DDP: every rank has all of it; the contribution is the
-ranks' mean, a commit is broadcast) or sharded by rows (FSDP2's fully_shard: each rank has its rows; rank 0
-receives the others' rows on the host, a commit's rows go to each rank, so no accelerator holds more than
-its shard).
+ranks' mean, a commit is broadcast) or sharded by rows (FSDP2's fully_shard: each rank has its rows and makes
+Δ of them; rank 0 receives one tensor's rows at a time on the host and encodes it at once, and a commit's rows
+go to each rank, so no accelerator holds more than its shard, and rank 0 no more than a tensor beyond the
+payload it sends).
 """
 
 import copy
