@@ -20,7 +20,12 @@ def enter_together(folder: Path, role: str, rank: int) -> None:
     commit by itself."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"ready-{role}{rank}").touch()
+    deadline = (
+        time.monotonic() + 240
+    )  # a process that died before it: fail, do not wait for the test's timeout
     while len(list(folder.glob("ready-*"))) < 3:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{role} {rank}: the other processes never reached {folder.name}")
         time.sleep(0.02)
 
 
