@@ -5,8 +5,9 @@ rank runs the same driver (engine/node.py) in lockstep: the driver asks its chan
 0 answers every few asks (about every CHECK_SECONDS) with what its channel delivered (mostly nothing: one
 tensor of five numbers), the commits themselves and its clock reading, so every rank applies the same commits
 at the same steps and decides each wait alike.
-A contribution is the island's snapshot: a replicated tensor's mean over the ranks (DDP), a sharded one's rows
-from each rank (FSDP2); a commit goes back the same way (collective/shards.py).
+A contribution is the island's snapshot: a replicated tensor's mean over the ranks (DDP), a sharded one's Δ
+rows from each rank, encoded by rank 0 tensor by tensor (FSDP2); a commit goes back the same way
+(collective/shards.py).
 """
 
 from collections.abc import Callable
@@ -15,18 +16,18 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from ..arrays import Arrays, subtract_into
+from ..arrays import subtract_into
 from ..clock import REAL
 from ..engine.channel import Arrival, Contribution, Refused
-from ..errors import ConfigError, SlowlinkError
+from ..errors import ConfigError, SlowlinkError, TrainingDiverged
 from ..frameworks.base import on_device_of, schema_digest
-from .shards import Layout, host_float32
+from .shards import Layout, StreamedEncoding
 
 ARRIVALS, GATHER = 1.0, 2.0  # which call of the driver a message answers
 CHECK_SECONDS = 0.05  # how often, in steps' time, rank 0 answers the driver's ask for news
 MAX_GAP = 10_000
 COMMIT, REFUSAL = 1, 2
-KEPT_COMMITS = 4  # a sharded island's rank 0 keeps this many of a fragment's newest commits whole (on host)
+JOINED, JOIN_FAILED = -1.0, -2.0  # rank 0's last word while it joins; a number >= 0 asks for a tensor's rows
 FATES = (None, "merged", "rejected", "missed")
 
 
@@ -162,34 +163,29 @@ class IslandLead:
 
     failure = None  # the Courier's failure is told to every rank with the next news, then raised
 
-    def __init__(self, island: Island, inner, plan: list[list[str]], latest: dict) -> None:
+    def __init__(self, island: Island, inner, plan: list[list[str]]) -> None:
         self.island, self.inner, self.plan = island, inner, plan
-        # fragment -> {version: its commit's sharded tensors, whole on the host}: what the Courier takes the
-        # island's Δ from (the node's own anchors are its shards); kept until no contribution is based on it
-        self.whole: dict[int, dict[int, Arrays]] = {q: {} for q in range(len(plan))}
-        for q, (version, params) in latest.items():
-            self._keep(q, version, params)
+        # A Δ that cannot be encoded (not finite): told to every rank as a failure of the Courier's would be.
+        self.diverged: BaseException | None = None
 
     def publish(self, contribution: Contribution) -> None:
         layout = self.island.layout
-        whole = layout.contribute(contribution.snapshot)
         contribution.samples = int(self.island.total(contribution.samples))
-        if layout.sharded:  # the Courier sends the whole fragment: Δ = whole anchor − whole snapshot
-            base = self.whole[contribution.fragment]
-            anchor = base[contribution.base]
-            for version in [v for v in base if v < contribution.base]:
-                del base[version]
-            for name in anchor:  # the node's own record of it: Δ of its shard
-                subtract_into(contribution.anchor[name], contribution.snapshot[name])
-            contribution = replace(contribution, anchor={**contribution.anchor, **anchor}, snapshot=whole)
-        self.inner.publish(contribution)
-
-    def _keep(self, fragment: int, version: int, params: Arrays) -> None:
-        rows, kept = self.island.layout.rows, self.whole[fragment]
-        if rows:  # views of the Courier's arrays where they are float32 already, as decoded commits are
-            kept[version] = {name: host_float32(v) for name, v in params.items() if name in rows}
-            for old in sorted(kept)[:-KEPT_COMMITS]:
-                del kept[old]
+        if not layout.sharded:  # the Courier makes Δ of the ranks' mean, on the model's device
+            layout.average(contribution.snapshot)
+            self.inner.publish(contribution)
+            return
+        # Sharded: each rank makes Δ of its rows; rank 0 receives them and encodes the fragment tensor by
+        # tensor, so that it never holds a whole fragment, only its encoding (the payload's contents).
+        streamed = StreamedEncoding(self.inner, contribution.fragment, list(contribution.snapshot))
+        layout.deltas(contribution.snapshot, contribution.anchor, streamed.take)
+        try:
+            prepared = self.inner.frame(contribution, contribution.base + 1, streamed.norm(), streamed.result)
+        except TrainingDiverged as error:
+            self.diverged = error
+            return
+        if prepared is not None:  # else refused: the Courier queued the refusal for the driver
+            self.inner.publish(replace(contribution, prepared=prepared))
 
     def arrivals(self) -> list[Arrival | Refused]:
         if self.island.unanswered():
@@ -210,7 +206,7 @@ class IslandLead:
         return self.inner.newest()
 
     def _check(self) -> None:
-        if (failure := self.inner.failure) is not None:
+        if (failure := self.inner.failure or self.diverged) is not None:
             self.island.stamp = REAL.now()
             self.island.say([ARRIVALS, 0.0, 1.0, self.island.stamp, 1.0], 5)
             raise failure
@@ -232,7 +228,6 @@ class IslandLead:
             self.island.say([COMMIT, item.fragment, item.version, FATES.index(item.mine)], 4)
             if item.mine == "rejected":
                 self.island.say_text(item.rejected or "")
-            self._keep(item.fragment, item.version, item.params)
             mine = self.island.layout.share(item.params, self.plan[item.fragment])
             told.append(replace(item, params=mine))
         return told
@@ -249,12 +244,14 @@ class IslandFollower:
         self.island, self.plan, self.versions = island, plan, list(versions)
 
     def publish(self, contribution: Contribution) -> None:
-        self.island.layout.contribute(contribution.snapshot)
+        layout = self.island.layout
         self.island.total(contribution.samples)
-        for (
-            name,
-            values,
-        ) in contribution.snapshot.items():  # Δ = anchor − snapshot, as rank 0's Courier makes it
+        if layout.sharded:
+            layout.deltas(contribution.snapshot, contribution.anchor)
+            return
+        layout.average(contribution.snapshot)
+        # Δ = anchor − snapshot, as rank 0's Courier makes it of the same mean
+        for name, values in contribution.snapshot.items():
             subtract_into(contribution.anchor[name], values)
 
     def arrivals(self) -> list[Arrival | Refused]:
@@ -341,13 +338,15 @@ def enter_island(island: Island, adapter, algorithm, join: Callable, courier: Ca
     """Rank 0 joins the mailbox (`join()`, the Session's own, then `courier()` is its Courier) and tells the
     other ranks its commits; they take them into their models. Every rank checks first that all train the
     same tensors; if rank 0 cannot join, the others stop with it. With sharded tensors (FSDP2) rank 0 joins
-    with the model's values gathered on its host (collective/shards.py), then every rank takes its shard."""
+    with whole tensors gathered on its host one at a time as it needs them (collective/shards.py), then
+    every rank takes its shard of the commits."""
     refuse_sharded(adapter, dtensors=False)
     island.require_same(schema_digest(adapter.schema))
     island.layout = getattr(adapter, "layout", None) or replicated(island, adapter)
     if (begin_join := getattr(adapter, "begin_join", None)) is not None:
         begin_join()
     if not island.is_lead:
+        follow_join(island, adapter)
         plan = algorithm.plan(adapter.schema)
         anchors = island.start(plan, None)
         for _, params in anchors.values():
@@ -358,8 +357,9 @@ def enter_island(island: Island, adapter, algorithm, join: Callable, courier: Ca
     try:
         created, versions = join()
     except BaseException:
-        island.say([1.0], 1)  # the others wait for rank 0's commits: tell them there are none
+        island.say([JOIN_FAILED], 1)  # the others wait for rank 0's word: tell them it has none
         raise
+    island.say([JOINED], 1)
     lead = courier()
     plan, latest = lead.run.plan, lead.anchors()
     anchors = island.start(plan, latest)
@@ -367,7 +367,21 @@ def enter_island(island: Island, adapter, algorithm, join: Callable, courier: Ca
         adapter.joined()
         for _, params in anchors.values():
             adapter.assign(params)
-    return IslandStart(plan, lead, IslandLead(island, lead, plan, latest), anchors, created, versions)
+    return IslandStart(plan, lead, IslandLead(island, lead, plan), anchors, created, versions)
+
+
+def follow_join(island: Island, adapter) -> None:
+    """Any other rank while rank 0 joins: send it the rows of each tensor it asks for, until it has joined;
+    IslandLeadFailed if it could not."""
+    while True:
+        (word,) = island.say(None, 1)
+        if word == JOINED:
+            return
+        if word == JOIN_FAILED:
+            raise IslandLeadFailed(
+                "rank 0 of this island could not join the run (its traceback says why); this rank stops too"
+            )
+        adapter.send(int(word))
 
 
 def replicated(island: Island, adapter) -> Layout:

@@ -1,8 +1,9 @@
 """How an island's ranks hold each tensor, and the two moves of a round over them: a contribution to rank 0 and
 a commit back to every rank. A tensor is replicated (DDP: every rank has all of it; the contribution is the
-ranks' mean, a commit is broadcast) or sharded by rows (FSDP2's fully_shard: each rank has its rows; rank 0
-receives the others' rows on the host, a commit's rows go to each rank, so no accelerator holds more than
-its shard).
+ranks' mean, a commit is broadcast) or sharded by rows (FSDP2's fully_shard: each rank has its rows and makes
+Δ of them; rank 0 receives one tensor's rows at a time on the host and encodes it at once, and a commit's rows
+go to each rank, so no accelerator holds more than its shard, and rank 0 no more than a tensor beyond the
+payload it sends).
 """
 
 import copy
@@ -14,8 +15,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..arrays import Arrays
-from ..errors import ConfigError
+from ..algorithms.robust import l2_norm
+from ..arrays import Arrays, subtract_into
+from ..errors import ConfigError, PayloadError
+from ..wire.fragment import encode_fragment
 
 
 def _is_dtensor(tensor) -> bool:
@@ -61,30 +64,48 @@ class Layout:
     def own_rows(self, name: str) -> tuple[int, int]:
         return self.rows[name][self.island.rank]
 
-    def contribute(self, snapshot: Arrays) -> Arrays | None:
-        """Every rank at once: the replicated tensors averaged in place over the ranks; on rank 0, the
-        fragment whole on the host (its replicated tensors as they are), the others None."""
-        island = self.island
-        replicated = [_as_tensor(v) for name, v in snapshot.items() if name not in self.rows]
-        for tensor in replicated:
-            dist.all_reduce(tensor, group=island.group)
-            tensor /= island.size
-        whole = dict(snapshot) if island.is_lead else None
-        for name in (name for name in snapshot if name in self.rows):
-            mine = _as_tensor(snapshot[name]).detach().to("cpu", torch.float32).contiguous()
-            if not island.is_lead:
-                if mine.numel():
-                    dist.send(mine, group=island.control, group_dst=0)
+    def average(self, snapshot: Arrays) -> None:
+        """Every rank at once: the replicated tensors of `snapshot` averaged in place over the ranks."""
+        for name, values in snapshot.items():
+            if name not in self.rows:
+                tensor = _as_tensor(values)
+                dist.all_reduce(tensor, group=self.island.group)
+                tensor /= self.island.size
+
+    def deltas(self, snapshot: Arrays, anchor: Arrays, take=None) -> None:
+        """Every rank at once, tensor by tensor: Δ = anchor − snapshot in place of each rank's snapshot (a
+        replicated tensor's snapshot averaged over the ranks first). Rank 0 passes `take`, called with each
+        tensor's whole Δ on its host in turn, its rows received from the other ranks then: rank 0 never holds
+        more than one tensor of the fragment whole."""
+        for name, values in snapshot.items():
+            if name not in self.rows:
+                self.average({name: values})
+                subtract_into(anchor[name], values)
+                if take is not None:
+                    take(name, host_float32(values))
                 continue
-            full = np.empty(self.shapes[name], np.float32)
-            for rank, (start, stop) in enumerate(self.rows[name]):
-                rows = torch.from_numpy(full[start:stop])
-                if rank == 0:
-                    rows.copy_(mine)
-                elif stop > start:
-                    dist.recv(rows, group=island.control, group_src=rank)
-            whole[name] = full
-        return whole
+            subtract_into(anchor[name], values)
+            if take is None:
+                self.send_rows(name, values)
+            else:
+                take(name, self.whole(name, values))
+
+    def send_rows(self, name: str, values) -> None:
+        """A rank's rows of a sharded tensor, to rank 0 (its `whole`)."""
+        mine = host_float32(values)
+        if mine.size:
+            dist.send(torch.from_numpy(mine), group=self.island.control, group_dst=0)
+
+    def whole(self, name: str, mine) -> np.ndarray:
+        """Rank 0: a sharded tensor whole on the host, its own rows `mine` and every other rank's (send_rows)."""
+        full = np.empty(self.shapes[name], np.float32)
+        for rank, (start, stop) in enumerate(self.rows[name]):
+            rows = torch.from_numpy(full[start:stop])
+            if rank == 0:
+                rows.copy_(_as_tensor(mine).detach().to("cpu", torch.float32))
+            elif stop > start:
+                dist.recv(rows, group=self.island.control, group_src=rank)
+        return full
 
     def share(self, params: Arrays | None, names: list[str]) -> dict[str, torch.Tensor]:
         """Every rank at once: rank 0's `params` (the others pass None), each rank's part of them on its
@@ -115,6 +136,44 @@ class Layout:
         return out
 
 
+class StreamedEncoding:
+    """A contribution's Δ encoded tensor by tensor as rank 0 receives each whole (Layout.deltas), with its
+    Courier's encoding and error feedback: the entries, norm and residual Courier.frame packs."""
+
+    def __init__(self, courier, fragment: int, names: list[str]) -> None:
+        self.encoding, self.feedback = courier.encoding, courier.wire.error_feedback
+        self.residual = courier.residual.get(fragment)
+        self.judged = set(courier.run.judged(dict.fromkeys(names)))
+        self.encoded: dict = {}
+        self.new_residual: dict | None = {} if self.feedback else None
+        self.squares, self.error = 0.0, None
+
+    def take(self, name: str, delta: np.ndarray) -> None:
+        if name in self.judged:
+            self.squares += l2_norm({name: delta}) ** 2
+        if self.error is not None:
+            return  # every tensor is still received (the other ranks send them all); the error is raised once
+        residual = None if self.residual is None else {name: self.residual[name]}
+        try:
+            encoded, new = encode_fragment(
+                {name: delta}, self.encoding, feedback=self.feedback, residual=residual
+            )
+        except PayloadError as error:
+            self.error = error
+            return
+        self.encoded.update(encoded)
+        if new is not None:
+            self.new_residual.update(new)
+
+    def norm(self) -> float:
+        return math.sqrt(self.squares)
+
+    def result(self) -> tuple[dict, dict | None]:
+        if self.error is not None:
+            raise self.error
+        return self.encoded, self.new_residual
+
+
 def _as_tensor(values) -> torch.Tensor:
     if isinstance(values, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(values))
@@ -138,13 +197,14 @@ def host_float32(values) -> np.ndarray:
 class ShardedAdapter:
     """The torch adapter (frameworks/torch.py) of an FSDP2 model in an island: the run's schema (full
     shapes), but snapshots, clones and edits touch each rank's own shard only. While rank 0 joins the run
-    (before training), its snapshots and assignments are of the model's values gathered once on its host:
-    it may create the run, whose first commit is the whole model, or join one, whose commits it holds."""
+    (before training), its snapshots are of whole tensors gathered on its host one by one as they are taken:
+    it may create the run, whose first commits are the model's values, or join one, whose commits it holds."""
 
     def __init__(self, adapter, island) -> None:
         self.island, self.inner = island, adapter
         self.schema, self.statistics = adapter.schema, adapter.statistics
         shapes = {name: shape for name, shape, _ in adapter.schema}
+        self.names = list(shapes)
         rows = {name: _rows_of(name, t, island) for name, t in adapter.tensors.items() if _is_dtensor(t)}
         self.local = copy.copy(adapter)
         self.local.tensors = LocalShards(adapter.tensors)
@@ -152,7 +212,7 @@ class ShardedAdapter:
             island, rows, shapes, lambda name, v: self.local._on_device(name, v, dtype=torch.float32)
         )
         self.model, self.tensors = adapter.model, self.local.tensors
-        self.joining: Arrays | None = None  # rank 0's host copy of the model, while it joins
+        self.joining = False  # rank 0, while it joins: its snapshots are of whole tensors, gathered on demand
         if frozen := [name for name, t in adapter.frozen_tensors.items() if _is_dtensor(t)]:
             raise ConfigError(
                 f"frozen parameter {frozen[0]!r} is sharded by fully_shard: an island cannot check sharded "
@@ -160,23 +220,36 @@ class ShardedAdapter:
             )
 
     def begin_join(self) -> None:
-        """Every rank at once, as the island enters: rank 0 receives the model's values on its host."""
-        self.joining = self.layout.contribute(self.local.snapshot(list(self.inner.tensors)))
+        """Rank 0, as the island enters: until joined(), a snapshot gathers each tensor whole on its host
+        when it is taken (the other ranks serve its requests: collective/island.py, follow_join)."""
+        self.joining = self.island.is_lead
 
     def joined(self) -> None:
         """Rank 0 has joined: from now on its edits and snapshots are of its shard, as on every rank."""
-        self.joining = None
+        self.joining = False
 
     def snapshot(self, names: list[str]) -> Arrays:
-        if self.joining is not None:
-            return {name: np.array(self.joining[name], np.float32) for name in names}
+        if (
+            self.joining
+        ):  # one fragment (as the run's first commit or a check of one needs it), tensor by tensor
+            return {name: self.gathered(name) for name in names}
         return self.local.snapshot(names)
 
+    def gathered(self, name: str) -> np.ndarray:
+        """Rank 0: tensor `name` whole on its host, its rows asked of the other ranks (send_rows)."""
+        self.island.say([float(self.names.index(name))], 1)
+        mine = self.local.snapshot([name])[name]
+        return self.layout.whole(name, mine) if name in self.layout.rows else host_float32(mine).copy()
+
+    def send(self, request: int) -> None:
+        """Any other rank: its rows of the tensor rank 0 asked for (gathered)."""
+        name = self.names[request]
+        if name in self.layout.rows:
+            self.layout.send_rows(name, self.local.snapshot([name])[name])
+
     def assign(self, values: Arrays) -> None:
-        if self.joining is not None:
-            for name, array in values.items():
-                self.joining[name] = host_float32(array).copy()
-            return
+        if self.joining:
+            return  # the commits rank 0 joins at: every rank takes its part of them once it has joined
         self.local.assign(values)
 
     def on_device(self, values: Arrays) -> dict:

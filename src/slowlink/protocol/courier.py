@@ -293,6 +293,14 @@ class Courier:
             subtract_into(item.anchor[name], values)
         # Its norm is reported, so that the merger can judge each contribution against the others.
         norm = l2_norm(self.run.judged(delta))
+        return self.frame(item, round_, norm, lambda: self._encode(item.fragment, delta))
+
+    def frame(
+        self, item: Contribution, round_: int, norm: float, encode: Callable
+    ) -> tuple[bytes, dict] | None:
+        """(payload, record) of a contribution of Δ's `norm`, whose entries `encode()` gives with the new
+        error-feedback residual (or None), as encode_fragment does; None where its norm is refused. An
+        island's rank 0 calls it with a Δ it encoded tensor by tensor (collective/island.py)."""
         if (reason := self.own_norms.judge(item.fragment, norm, item.steps)) is not None:
             self.emit(Event("contribution_refused", self.node_id, f"fragment {item.fragment} round {round_}: "
                             f"{reason}; not published", {"fragment": item.fragment, "round": round_,
@@ -303,22 +311,22 @@ class Courier:
                   "step_seconds": item.step_seconds, "norm": norm}  # fmt: skip
         header = contribution.header(self.run, item.fragment, round_, self.node_id, claims)
         try:
-            data = self._encode(item.fragment, delta, header)
+            encoded, residual = encode()
         except PayloadError as error:  # raised in the training thread by the next session.step()
             raise TrainingDiverged(
                 f"fragment {item.fragment}'s contribution after local step {item.step} cannot be sent: {error}"
             ) from None
+        if residual is not None:  # with error feedback: what this encoding lost, for the next one
+            self.residual_in_flight[item.fragment] = residual
+        data = payload.pack_encoded(encoded, header, encoding=self.encoding)
+        data = compress(data) if self.compression == "zstd" else data
         where = {"node": self.node_id, "fragment": item.fragment, "round": round_}
         return data, claims | where | {"blob": payload.digest(data)}
 
-    def _encode(self, fragment: int, delta: Arrays, header: dict) -> bytes:
+    def _encode(self, fragment: int, delta: Arrays) -> tuple[dict, Arrays | None]:
         # On the model's device where the encoding allows it: then only the encoded bytes come to host.
-        encoded, residual = encode_fragment(delta, self.encoding, feedback=self.wire.error_feedback,
-                                            residual=self.residual.get(fragment), buffer=self.buffer)  # fmt: skip
-        if residual is not None:  # with error feedback: what this encoding lost, for the next one
-            self.residual_in_flight[fragment] = residual
-        data = payload.pack_encoded(encoded, header, encoding=self.encoding)
-        return compress(data) if self.compression == "zstd" else data
+        return encode_fragment(delta, self.encoding, feedback=self.wire.error_feedback,
+                               residual=self.residual.get(fragment), buffer=self.buffer)  # fmt: skip
 
     def _deliver(self, fragment: int, version: int, params: Arrays, record: dict) -> None:
         # The fate first: it may read the store, and if that fails nothing has changed, so the next turn
