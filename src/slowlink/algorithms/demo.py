@@ -299,6 +299,20 @@ def _lr_of(group: Group, lr: dict[str, float], like: torch.Tensor) -> float | to
     return torch.tensor(per_chunk, dtype=like.dtype, device=like.device).unsqueeze(1)
 
 
+def into_basis_of_step(
+    momentum: torch.Tensor, group: Group, transform: str, seed: int, step: int
+) -> torch.Tensor:
+    """The momentum's coefficients moved from the basis of step − 1 into step's (random transforms):
+    T_t·T_{t−1}⁻¹ per axis, two products; the DCT and the identity are the same every step."""
+    if transform != "random" or step == 0:
+        return momentum
+    now = basis_of(group.layouts[0], transform, seed=seed, step=step, like=momentum)
+    before = basis_of(group.layouts[0], transform, seed=seed, step=step - 1, like=momentum)
+    change = Basis(now.rows @ before.rows.T, now.cols @ before.cols.T)
+    h, w = group.layouts[0].h, group.layouts[0].w
+    return forward_blocks(momentum.reshape(-1, h, w), change)
+
+
 def demo_math(
     *,
     compression_decay: float,
@@ -328,16 +342,6 @@ def demo_math(
     def basis(group: Group, step: int, like: torch.Tensor) -> Basis:
         return basis_of(group.layouts[0], transform, seed=seed, step=step, like=like)
 
-    def in_this_basis(momentum: torch.Tensor, group: Group, step: int) -> torch.Tensor:
-        """The momentum's coefficients moved from the basis of step − 1 into step's (random transforms):
-        T_t·T_{t−1}⁻¹ per axis, two products; the DCT and the identity are the same every step."""
-        if transform != "random" or step == 0:
-            return momentum
-        now, before = basis(group, step, momentum), basis(group, step - 1, momentum)
-        change = Basis(now.rows @ before.rows.T, now.cols @ before.cols.T)
-        h, w = group.layouts[0].h, group.layouts[0].w
-        return forward_blocks(momentum.reshape(-1, h, w), change)
-
     def compress(
         grads: dict[str, torch.Tensor], state: DeMoState, lr: dict[str, float]
     ) -> tuple[list[Sparse], DeMoState]:
@@ -346,7 +350,7 @@ def demo_math(
             blocks = stack_chunks(grads, group)
             coefficients = forward_blocks(blocks, basis(group, state.step, blocks))  # T_t(g), a new tensor
             coefficients.mul_(_lr_of(group, lr, blocks)).add_(
-                in_this_basis(momentum, group, state.step), alpha=beta
+                into_basis_of_step(momentum, group, transform, seed, state.step), alpha=beta
             )
             picked = top_k(coefficients, topk)
             owners = owners_of(group, blocks.device)
