@@ -118,7 +118,7 @@ class DeMo(torch.optim.Optimizer):
             packed_size(g.chunks, self._k(g), g.chunk_numel, values, value_scale, self._segments(g))
             for g in self._groups
         ])  # fmt: skip
-        self._step, self._sent, self._pending = 0, 0, None
+        self._step, self._sent, self._pending, self._own = 0, 0, None, (b"", [])
         self._held, self._views = None, {}  # the last step's momentum stacks and their views (_keep)
         self.stats = {"steps": 0, "sent_bytes": 0, "received_bytes": 0, "missing": 0}
         self._math = demo_math(
@@ -172,6 +172,7 @@ class DeMo(torch.optim.Optimizer):
         ]  # fmt: skip
         payload = encode_frame(self._step, parts)
         self._sent = len(payload)
+        self._own = (payload, [(s.indices, s.values) for s in sent])  # what this payload decodes into
         return payload
 
     @torch.no_grad()
@@ -233,8 +234,12 @@ class DeMo(torch.optim.Optimizer):
         """Every node's coefficients per group, (nodes, chunks, k), less those missing or failing a check."""
         device = self._pending.momentum[0].device
         kept: list[list[tuple]] = []
+        own, own_coefficients = self._own
         for node, row in enumerate(rows):
             if row is None:
+                continue
+            if row is own or row == own:  # this node's (or the same bytes): already at hand, and valid
+                kept.append(own_coefficients)
                 continue
             try:
                 kept.append(self._decode_row(row))
@@ -246,8 +251,8 @@ class DeMo(torch.optim.Optimizer):
                                     "this node's own; an exchange must return every row, its own included")  # fmt: skip
         out = []
         for t in range(len(self._groups)):
-            indices = torch.from_numpy(np.stack([node[t][0] for node in kept])).to(device)
-            values = torch.from_numpy(np.stack([node[t][1] for node in kept])).to(device)
+            indices = torch.stack([torch.as_tensor(node[t][0], device=device) for node in kept])
+            values = torch.stack([torch.as_tensor(node[t][1], device=device) for node in kept])
             out.append(Sparse(indices, values))
         return out
 
