@@ -82,19 +82,44 @@ def test_quantized_values_lie_on_their_grid():
     assert torch.equal(d.quantize(values, "bf16"), values.to(torch.bfloat16).float())
 
 
+def in_coefficients(momentum: dict[str, torch.Tensor], chunk: int, step: int = 0) -> d.DeMoState:
+    """A DeMoState holding these tensors' momentum (in the tensors' own space) as the DCT's coefficients."""
+    groups = d.groups_of_tensors(momentum, chunk)
+    like = next(iter(momentum.values()))
+    stacks = tuple(
+        d.forward_blocks(
+            d.stack_chunks(momentum, g), d.basis_of(g.layouts[0], "dct", seed=0, step=0, like=like)
+        )
+        for g in groups
+    )
+    return d.DeMoState(stacks, step, groups)
+
+
+def in_space(state: d.DeMoState) -> dict[str, torch.Tensor]:
+    """The momentum of each tensor, in its own space: the inverse DCT of the state's coefficients."""
+    out = {}
+    for group, stack in zip(state.groups, state.momentum, strict=True):
+        basis = d.basis_of(group.layouts[0], "dct", seed=0, step=0, like=stack)
+        pieces = d.inverse_blocks(stack, basis).split([layout.chunks for layout in group.layouts])
+        out.update(
+            {n: d.from_chunks(x, lay) for n, x, lay in zip(group.names, pieces, group.layouts, strict=True)}
+        )
+    return out
+
+
 def test_compress_subtracts_exactly_what_was_sent():
     math_ = d.demo_math(compression_decay=0.9, topk=3, chunk=4, values="2bit")
     g = {"w": torch.randn(8, 4, generator=torch.Generator().manual_seed(4))}
-    state = d.DeMoState({"w": torch.randn(8, 4, generator=torch.Generator().manual_seed(5))}, 0)
-    sent, after = math_.compress(g, state, {"w": 0.5})
-    m = 0.9 * state.momentum["w"] + 0.5 * g["w"]
+    before = {"w": torch.randn(8, 4, generator=torch.Generator().manual_seed(5))}
+    sent, after = math_.compress(g, in_coefficients(before, 4), {"w": 0.5})
+    m = 0.9 * before["w"] + 0.5 * g["w"]
     layout = d.layout_of((8, 4), 4)
     basis = d.basis_of(layout, "dct", seed=0, step=0, like=m)
     (sent,) = sent  # one group: the one tensor
     removed = d.inverse(d.scatter(sent, layout.chunk_numel), layout, basis)
-    assert torch.allclose(after.momentum["w"], m - removed, atol=1e-6)
+    assert torch.allclose(in_space(after)["w"], m - removed, atol=1e-6)
     # the coefficients left in m are the unsent ones: at the sent indices only the quantization error
-    left = d.forward(after.momentum["w"], layout, basis)
+    left = d.forward(in_space(after)["w"], layout, basis)
     full = d.forward(m, layout, basis)
     assert torch.allclose(left.gather(1, sent.indices), full.gather(1, sent.indices) - sent.values, atol=1e-5)
     unsent = torch.ones_like(full, dtype=torch.bool).scatter_(1, sent.indices, False)
@@ -122,19 +147,19 @@ def test_tensors_of_one_chunk_shape_are_compressed_together_as_each_alone(values
     grads = {name: torch.randn(shape, generator=gen) for name, shape in shapes.items()}
     momentum = {name: torch.randn(shape, generator=gen) for name, shape in shapes.items()}
     math_ = d.demo_math(compression_decay=0.9, topk=8, chunk=64, values=values, value_scale=scale)
-    sent, after = math_.compress(grads, d.DeMoState(momentum, 0), dict.fromkeys(shapes, 0.5))
+    sent, after = math_.compress(grads, in_coefficients(momentum, 64), dict.fromkeys(shapes, 0.5))
     groups = d.groups_of(tuple(shapes.items()), 64)
     assert [g.names for g in groups] == [("a", "b", "d"), ("c",)]
     directions, _ = math_.direction([d.Sparse(s.indices[None], s.values[None]) for s in sent], after)
     for name in shapes:
         alone, after_alone = math_.compress(
-            {name: grads[name]}, d.DeMoState({name: momentum[name]}, 0), {name: 0.5}
+            {name: grads[name]}, in_coefficients({name: momentum[name]}, 64), {name: 0.5}
         )
         group = next(g for g in range(len(groups)) if name in groups[g].names)
         place = groups[group].names.index(name)
         start = sum(layout.chunks for layout in groups[group].layouts[:place])
         rows = slice(start, start + alone[0].indices.shape[0])
         assert torch.equal(sent[group].indices[rows].sort(1).values, alone[0].indices.sort(1).values)
-        assert torch.allclose(after.momentum[name], after_alone.momentum[name], atol=1e-5)
+        assert torch.allclose(in_space(after)[name], in_space(after_alone)[name], atol=1e-5)
         one, _ = math_.direction([d.Sparse(alone[0].indices[None], alone[0].values[None])], after_alone)
-        assert torch.allclose(directions[name], one[name], atol=1e-5)
+        assert torch.equal(directions[group][rows], one[0])  # sign(u), chunk by chunk

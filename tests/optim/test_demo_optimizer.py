@@ -14,16 +14,25 @@ def gradients(seed: int, shape=(64, 32)) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
+def momentum_of(optimizer: sl.DeMo, p: torch.Tensor, chunk: int) -> torch.Tensor:
+    """p's momentum in p's own space: the inverse DCT of the coefficients its state holds."""
+    layout = d.layout_of(tuple(p.shape), chunk)
+    coefficients = optimizer.state[p]["momentum_coefficients"]
+    return d.inverse(coefficients, layout, d.basis_of(layout, "dct", seed=0, step=0, like=coefficients))
+
+
 def test_one_node_with_full_topk_is_sign_sgd_of_the_momentum():
     p = torch.nn.Parameter(torch.zeros(64, 32))
     optimizer = sl.DeMo([p], 0.01, topk=32 * 32, chunk=32, values="f32", compression_decay=0.9)
+    momentum = torch.zeros(64, 32)
     for step in range(4):
-        before, momentum = p.detach().clone(), optimizer.state[p].get("momentum", torch.zeros(64, 32))
+        before = p.detach().clone()
         p.grad = gradients(step)
         optimizer.step()
         expected = -0.01 * torch.sign(0.9 * momentum + 0.01 * p.grad)  # m ← β·m + lr·g, p ← p − lr·sign(m)
         assert torch.allclose(p.detach() - before, expected, atol=1e-7)
-        assert optimizer.state[p]["momentum"].abs().max() < 1e-8  # everything was sent, and subtracted
+        momentum = momentum_of(optimizer, p, 32)
+        assert momentum.abs().max() < 1e-8  # everything was sent, and subtracted
 
 
 def test_m_nodes_with_full_topk_step_by_the_sign_of_the_averaged_momentum():
@@ -51,11 +60,12 @@ def test_subtract_one_removes_exactly_what_was_sent_and_zero_keeps_it():
         )
         p.grad = gradients(7, (64, 64))
         optimizer.step()
-        kept[subtract] = optimizer.state[p]["momentum"]
+        kept[subtract] = momentum_of(optimizer, p, 64)
     sent = kept[0.0] - kept[1.0]  # the inverse transform of the 4 coefficients sent
     layout = d.layout_of((64, 64), 64)
     dct = d.forward(sent, layout, d.basis_of(layout, "dct", seed=0, step=0, like=sent))
     assert int((dct.abs() > 1e-5).sum()) == 4  # dense in space, 4 DCT coefficients
+    assert int((sent.abs() > 1e-6).sum()) > 0.9 * 64 * 64
     assert torch.allclose(kept[0.0], gradients(7, (64, 64)), atol=1e-6)  # β·0 + lr·g, nothing removed
 
 
@@ -123,3 +133,46 @@ def test_parameters_that_are_not_floating_or_are_sparse_are_refused():
         sl.DeMo([torch.zeros(3, dtype=torch.int64)], 0.01)
     with pytest.raises(sl.ConfigError, match="sparse"):
         sl.DeMo([torch.zeros(3, 3).to_sparse()], 0.01)
+
+
+@pytest.mark.parametrize("transform", ["dct", "random"])
+def test_steps_follow_the_definition_in_the_tensors_own_space(transform):
+    # The optimizer keeps the momentum as coefficients (a random transform's moved to each step's basis);
+    # the definition keeps it in p's space: m ← β·m + lr·g, send top-k of T_t(m), m ← m − T_t⁻¹(sent).
+    p = torch.nn.Parameter(torch.zeros(16, 24))
+    optimizer = sl.DeMo([p], 0.01, topk=5, chunk=8, values="f32", compression_decay=0.9, transform=transform)
+    layout = d.layout_of((16, 24), 8)
+    m, expected = torch.zeros(16, 24), torch.zeros(16, 24)
+    for step in range(5):
+        p.grad = gradients(10 + step, (16, 24))
+        optimizer.step()
+        m = 0.9 * m + 0.01 * p.grad
+        basis = d.basis_of(layout, transform, seed=0, step=step, like=m)
+        picked = d.top_k(d.forward(m, layout, basis), 5)
+        sent = d.inverse(d.scatter(picked, layout.chunk_numel), layout, basis)
+        m, expected = m - sent, expected - 0.01 * torch.sign(sent)
+        assert torch.allclose(p.detach(), expected, atol=1e-7), f"step {step}"
+
+
+def test_a_loaded_state_resumes_as_if_never_stopped():
+    def run(steps, optimizer=None):
+        p = (
+            torch.nn.Parameter(torch.zeros(64, 48))
+            if optimizer is None
+            else optimizer.param_groups[0]["params"][0]
+        )
+        optimizer = optimizer or sl.DeMo([p], 0.01, topk=8, chunk=32, values="2bit")
+        for step in steps:
+            p.grad = gradients(step, (64, 48))
+            optimizer.step()
+        return p, optimizer
+
+    p, whole = run(range(6))
+    q, first = run(range(3))
+    saved = {"params": q.detach().clone(), "state": first.state_dict()}
+    r = torch.nn.Parameter(saved["params"])
+    resumed = sl.DeMo([r], 0.01, topk=8, chunk=32, values="2bit")
+    resumed.load_state_dict(saved["state"])
+    run(range(3, 6), resumed)
+    assert torch.equal(r.detach(), p.detach())
+    assert torch.equal(resumed.state[r]["momentum_coefficients"], whole.state[p]["momentum_coefficients"])

@@ -113,3 +113,20 @@ def test_a_payload_holds_every_tensors_bytes_as_one_entry_and_refuses_a_broken_o
     head = json.dumps(table).encode()
     with pytest.raises(sl.PayloadError, match="belongs to no tensor"):
         payload.unpack(len(head).to_bytes(8, "little") + head + plain[8 + length :])
+
+
+def test_commits_of_topk_deltas_carry_the_quorums_picks_whole():
+    # A commit is the mean of the round's sparse Δs, each node's picks its own: the deltas' own TopK would
+    # keep a quarter of 4 nodes' picks (and requantize them to 2 bits); the default keeps them all.
+    topk = sl.TopK(fraction=1 / 64, chunk=64, values="2bit")
+    wire = sl.DiLoCo(sync_every=5, quorum_size=4, delta_dtype=topk).wire()
+    assert wire.commit_dtype == sl.TopK(fraction=4 / 64, chunk=64, values="bf16").name
+    delta_codec = get_encoding(topk.name)
+    mean = sum(delta_codec.decode(delta_codec.encode(values(seed=s)), (128, 192)) for s in range(4)) / 4
+    for commit, whole in ((wire.commit_dtype, True), (topk.name, False)):
+        codec = get_encoding(commit)
+        committed = codec.decode(codec.encode(mean), mean.shape)
+        assert np.allclose(committed, mean, rtol=1 / 128, atol=0) == whole  # bf16: 8 bits of mantissa
+    # an encoding given is kept, and other deltas' commits default to their own encoding
+    assert sl.DiLoCo(sync_every=5, delta_dtype=topk, commit_dtype=topk).wire().commit_dtype == topk.name
+    assert sl.DiLoCo(sync_every=5, delta_dtype="F4").wire().commit_dtype == "F4"

@@ -145,17 +145,6 @@ def scatter(sparse: Sparse, chunk_numel: int) -> torch.Tensor:
     return dense.scatter_(1, sparse.indices, sparse.values)
 
 
-def inverse_sparse(sparse: Sparse, basis: Basis) -> torch.Tensor:
-    """(chunks, h, w) blocks of the inverse transform of k coefficients a chunk. Each coefficient (u, v) is
-    the outer product of row u of the two bases, so the blocks are one batched product over k, cheaper
-    than the dense inverse's h + w while k is below it; at or above it, the dense inverse."""
-    h, w = basis.rows.shape[0], basis.cols.shape[0]
-    if sparse.indices.shape[1] >= h + w:
-        return inverse_blocks(scatter(sparse, h * w), basis)
-    rows = basis.rows[sparse.indices // w] * sparse.values.unsqueeze(-1)  # (chunks, k, h)
-    return rows.transpose(1, 2) @ basis.cols[sparse.indices % w]  # (chunks, h, k) @ (chunks, k, w)
-
-
 def sparse_average(gathered: Sparse, chunk_numel: int, how: str) -> torch.Tensor:
     """Every node's coefficients (indices and values (M, chunks, k)) averaged into dense (chunks, h·w):
     over the nodes that picked each coefficient ("contributors", the code's rule) or over all M ("all")."""
@@ -164,9 +153,10 @@ def sparse_average(gathered: Sparse, chunk_numel: int, how: str) -> torch.Tensor
     values = gathered.values.permute(1, 0, 2).reshape(chunks, nodes * k)
     total = values.new_zeros(chunks, chunk_numel).scatter_add_(1, indices, values)
     if how == "all":
-        return total / max(nodes, 1)
+        return total.div_(max(nodes, 1))
     counts = values.new_zeros(chunks, chunk_numel).scatter_add_(1, indices, torch.ones_like(values))
-    return total / counts.clamp(min=1.0)
+    # total / counts where anything was picked (elsewhere 0 already), without a pass over every coefficient
+    return total.scatter_(1, indices, total.gather(1, indices) / counts.gather(1, indices))
 
 
 def _group_reduce(
@@ -257,12 +247,11 @@ def groups_of(shapes: tuple[tuple[str, tuple[int, ...]], ...], chunk: int) -> tu
 
 
 def stack_chunks(tensors: dict[str, torch.Tensor], group: Group) -> torch.Tensor:
-    """(chunks, h, w): the group's tensors' chunks, one tensor after another, each copied once into place."""
-    if len(group.names) == 1:
-        return to_chunks(tensors[group.names[0]], group.layouts[0])
+    """(chunks, h, w) float32: the group's tensors' chunks, one tensor after another, each copied once into
+    place (and into float32 on the way: the transform of a bf16 gradient in bf16 would lose its digits)."""
     like = tensors[group.names[0]]
     h, w = group.layouts[0].h, group.layouts[0].w
-    blocks, at = like.new_empty((group.chunks, h, w)), 0
+    blocks, at = like.new_empty((group.chunks, h, w), dtype=torch.float32), 0
     for name, layout in zip(group.names, group.layouts, strict=True):
         r, c = layout.rows // h, layout.cols // w
         place = blocks[at : at + layout.chunks].view(r, c, h, w)
@@ -277,26 +266,51 @@ def owners_of(group: Group, device: torch.device) -> torch.Tensor | None:
     return torch.tensor(group.owners, device=device) if len(group.names) > 1 else None
 
 
-def unstack_chunks(blocks: torch.Tensor, group: Group) -> dict[str, torch.Tensor]:
-    pieces = blocks.split([layout.chunks for layout in group.layouts])
-    return {
-        name: from_chunks(piece, layout)
-        for name, piece, layout in zip(group.names, pieces, group.layouts, strict=True)
-    }
-
-
 @dataclass(frozen=True)
 class DeMoState:
-    """The momentum m of each tensor (float32, the tensor's shape) and the steps completed."""
+    """The momentum as its coefficients: one (chunks, h·w) float32 stack per group (groups_of the tensors),
+    in the basis of the last step compressed (every step's for the DCT and the identity); the steps done.
+    The transform is orthonormal and linear, so m ← β·m + lr·g and m ← m − what was sent hold in its
+    coordinates as in the tensors': only the averaged update needs the inverse transform."""
 
-    momentum: dict[str, torch.Tensor]
+    momentum: tuple[torch.Tensor, ...]
     step: int
+    groups: tuple[Group, ...]
 
 
 class DeMoMath(NamedTuple):
     init: Callable[[dict[str, torch.Tensor]], DeMoState]
     compress: Callable[..., tuple[list[Sparse], DeMoState]]
-    direction: Callable[..., tuple[dict[str, torch.Tensor], DeMoState]]
+    direction: Callable[..., tuple[list[torch.Tensor], DeMoState]]
+
+
+def groups_of_tensors(tensors: dict[str, torch.Tensor], chunk: int) -> tuple[Group, ...]:
+    return groups_of(tuple((name, tuple(t.shape)) for name, t in tensors.items()), chunk)
+
+
+def _lr_of(group: Group, lr: dict[str, float], like: torch.Tensor) -> float | torch.Tensor:
+    """The group's learning rate: one number, or (chunks, 1), each chunk its tensor's, where they differ."""
+    rates = [float(lr[name]) for name in group.names]
+    if len(set(rates)) == 1:
+        return rates[0]
+    per_chunk = [
+        rate for rate, layout in zip(rates, group.layouts, strict=True) for _ in range(layout.chunks)
+    ]
+    return torch.tensor(per_chunk, dtype=like.dtype, device=like.device).unsqueeze(1)
+
+
+def into_basis_of_step(
+    momentum: torch.Tensor, group: Group, transform: str, seed: int, step: int
+) -> torch.Tensor:
+    """The momentum's coefficients moved from the basis of step − 1 into step's (random transforms):
+    T_t·T_{t−1}⁻¹ per axis, two products; the DCT and the identity are the same every step."""
+    if transform != "random" or step == 0:
+        return momentum
+    now = basis_of(group.layouts[0], transform, seed=seed, step=step, like=momentum)
+    before = basis_of(group.layouts[0], transform, seed=seed, step=step - 1, like=momentum)
+    change = Basis(now.rows @ before.rows.T, now.cols @ before.cols.T)
+    h, w = group.layouts[0].h, group.layouts[0].w
+    return forward_blocks(momentum.reshape(-1, h, w), change)
 
 
 def demo_math(
@@ -313,16 +327,17 @@ def demo_math(
 ) -> DeMoMath:
     """One DeMo step in two halves around the exchange (§6.1, β = compression_decay, k = topk, s = chunk):
         compress:  m ← β·m + lr·g ;  (idx, v) = quantize(topk_k(T_t(m))) ;  m ← m − subtract·T_t⁻¹(idx, v)
-        direction: u = T_t⁻¹(average over nodes of (idx, v)) ;  the caller steps p ← p − lr·sign(u)
-    T_t is the chunked DCT-II, the identity, or a random orthonormal transform drawn for step t. Both halves
-    work on groups_of(the tensors): what compress sends is one Sparse per group, (chunks, k) each."""
+        direction: u = T_t⁻¹(average over nodes of (idx, v)) ;  sign(u): the caller steps p ← p − lr·sign(u)
+    T_t is the chunked DCT-II, the identity, or a random orthonormal transform drawn for step t. The state
+    keeps T_t(m), so compress is one forward transform (of g) and direction one inverse. Both halves work on
+    groups_of(the tensors): what compress sends is one Sparse per group, (chunks, k) each."""
     beta, factor = float(compression_decay), float(subtract)
 
     def init(params: dict[str, torch.Tensor]) -> DeMoState:
-        return DeMoState({name: torch.zeros_like(p, dtype=torch.float32) for name, p in params.items()}, 0)
-
-    def groups(tensors: dict[str, torch.Tensor]) -> tuple[Group, ...]:
-        return groups_of(tuple((name, tuple(t.shape)) for name, t in tensors.items()), chunk)
+        groups = groups_of_tensors(params, chunk)
+        like = next(iter(params.values()))
+        zeros = tuple(like.new_zeros((g.chunks, g.chunk_numel), dtype=torch.float32) for g in groups)
+        return DeMoState(zeros, 0, groups)
 
     def basis(group: Group, step: int, like: torch.Tensor) -> Basis:
         return basis_of(group.layouts[0], transform, seed=seed, step=step, like=like)
@@ -330,27 +345,29 @@ def demo_math(
     def compress(
         grads: dict[str, torch.Tensor], state: DeMoState, lr: dict[str, float]
     ) -> tuple[list[Sparse], DeMoState]:
-        momentum = {name: torch.add(beta * state.momentum[name], g.to(torch.float32), alpha=float(lr[name]))
-                    for name, g in grads.items()}  # fmt: skip
-        sent, after = [], {}
-        for group in groups(momentum):
-            blocks = stack_chunks(momentum, group)
-            b = basis(group, state.step, blocks)
-            picked = top_k(forward_blocks(blocks, b), topk)
+        sent, after = [], []
+        for group, momentum in zip(state.groups, state.momentum, strict=True):
+            blocks = stack_chunks(grads, group)
+            coefficients = forward_blocks(blocks, basis(group, state.step, blocks))  # T_t(g), a new tensor
+            coefficients.mul_(_lr_of(group, lr, blocks)).add_(
+                into_basis_of_step(momentum, group, transform, seed, state.step), alpha=beta
+            )
+            picked = top_k(coefficients, topk)
             owners = owners_of(group, blocks.device)
             picked = Sparse(picked.indices, quantize(picked.values, values, value_scale, owners))
+            if factor:
+                coefficients.scatter_add_(1, picked.indices, picked.values * -factor)
             sent.append(picked)
-            after.update(
-                unstack_chunks(blocks - factor * inverse_sparse(picked, b) if factor else blocks, group)
-            )
-        return sent, DeMoState({name: after[name] for name in momentum}, state.step)
+            after.append(coefficients)
+        return sent, DeMoState(tuple(after), state.step, state.groups)
 
-    def direction(gathered: list[Sparse], state: DeMoState) -> tuple[dict[str, torch.Tensor], DeMoState]:
-        """u per tensor from every node's coefficients ((M, chunks, k) a group); the step is then complete."""
-        out = {}
-        for group, sparse in zip(groups(state.momentum), gathered, strict=True):
+    def direction(gathered: list[Sparse], state: DeMoState) -> tuple[list[torch.Tensor], DeMoState]:
+        """sign(u), a (chunks, h, w) stack per group (from_chunks gives each tensor's), from every node's
+        coefficients ((M, chunks, k) a group); the step is then complete."""
+        out = []
+        for group, sparse in zip(state.groups, gathered, strict=True):
             averaged = sparse_average(sparse, group.chunk_numel, sparse_average_over)
-            out.update(unstack_chunks(inverse_blocks(averaged, basis(group, state.step, averaged)), group))
-        return out, DeMoState(state.momentum, state.step + 1)
+            out.append(inverse_blocks(averaged, basis(group, state.step, averaged)).sign_())
+        return out, DeMoState(state.momentum, state.step + 1, state.groups)
 
     return DeMoMath(init, compress, direction)

@@ -15,16 +15,21 @@ from ..algorithms.demo import (
     TRANSFORMS,
     VALUE_SCALES,
     VALUES,
+    ChunkLayout,
     DeMoState,
     Group,
     Sparse,
     demo_math,
+    from_chunks,
     groups_of,
 )
 from ..engine.exchange import CoefficientExchange, SingleNode
 from ..errors import ConfigError, PayloadError, SessionStateError
 from ..wire.coefficients import decode_frame, encode_frame, frame_size
 from ..wire.sparse import decode_sparse, encode_sparse, packed_size
+
+# Each tensor's state: its rows of the momentum's coefficients, (chunks, h·w) in its group's basis (DeMoState).
+MOMENTUM = "momentum_coefficients"
 
 
 def _default_exchange() -> CoefficientExchange:
@@ -113,7 +118,8 @@ class DeMo(torch.optim.Optimizer):
             packed_size(g.chunks, self._k(g), g.chunk_numel, values, value_scale, self._segments(g))
             for g in self._groups
         ])  # fmt: skip
-        self._step, self._sent, self._pending = 0, 0, None
+        self._step, self._sent, self._pending, self._own = 0, 0, None, (b"", [])
+        self._held, self._views = None, {}  # the last step's momentum stacks and their views (_keep)
         self.stats = {"steps": 0, "sent_bytes": 0, "received_bytes": 0, "missing": 0}
         self._math = demo_math(
             compression_decay=compression_decay, topk=topk, chunk=chunk, transform=transform,
@@ -156,12 +162,8 @@ class DeMo(torch.optim.Optimizer):
         # A parameter without a gradient still sends its (zero-gradient) coefficients: every node's
         # payload keeps the same tensors, which the exchange needs.
         grads = {name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p, _ in named}
-        state = DeMoState(
-            {name: self.state[p].get("momentum", torch.zeros_like(p, dtype=torch.float32)) for name, p, _ in named},
-            self._step,
-        )  # fmt: skip
         sent, self._pending = self._math.compress(
-            grads, state, {name: group["lr"] for name, _, group in named}
+            grads, self._momentum(named), {name: group["lr"] for name, _, group in named}
         )
         parts = [
             encode_sparse(s.indices.cpu().numpy(), s.values.float().cpu().numpy(), group.chunk_numel,
@@ -170,6 +172,7 @@ class DeMo(torch.optim.Optimizer):
         ]  # fmt: skip
         payload = encode_frame(self._step, parts)
         self._sent = len(payload)
+        self._own = (payload, [(s.indices, s.values) for s in sent])  # what this payload decodes into
         return payload
 
     @torch.no_grad()
@@ -182,23 +185,61 @@ class DeMo(torch.optim.Optimizer):
         gathered = self._decode(rows)
         directions, state = self._math.direction(gathered, self._pending)
         self._pending = None
-        for name, p, group in self._named():
-            self.state[p]["momentum"], self.state[p]["step"] = state.momentum[name], state.step
-            if group["weight_decay"]:
-                p.mul_(1.0 - group["lr"] * group["weight_decay"])
-            p.add_(directions[name].sign().to(p.dtype), alpha=-group["lr"])
+        self._keep(state)
+        params = {name: (p, group) for name, p, group in self._named()}
+        for group, signs in zip(state.groups, directions, strict=True):
+            pieces = signs.split([layout.chunks for layout in group.layouts])
+            for name, piece, layout in zip(group.names, pieces, group.layouts, strict=True):
+                p, options = params[name]
+                if options["weight_decay"]:
+                    p.mul_(1.0 - options["lr"] * options["weight_decay"])
+                _add_chunks_(p, piece, layout, -options["lr"])
         self._step = state.step
         self.stats["steps"] += 1
         self.stats["sent_bytes"] += self._sent
         self.stats["received_bytes"] += sum(len(row) for row in rows if row is not None)  # its own included
         self.stats["missing"] += sum(row is None for row in rows)
 
+    def _momentum(self, named: list[tuple[str, torch.Tensor, dict]]) -> DeMoState:
+        """The momentum's coefficients as the math takes them: the stacks kept at the last step while each
+        tensor's state still holds its view of them; else (a loaded state, the first step) stacked anew."""
+        held = self._held
+        if held is not None and all(
+            self.state[p].get(MOMENTUM) is self._views.get(name) for name, p, _ in named
+        ):
+            return DeMoState(held.momentum, self._step, held.groups)
+        params = {name: p for name, p, _ in named}
+        stacks = []
+        for group in self._groups:
+            pieces = [self.state[params[name]].get(MOMENTUM) for name in group.names]
+            stacks.append(torch.cat([
+                piece.to(device=params[name].device, dtype=torch.float32) if piece is not None
+                else params[name].new_zeros((layout.chunks, layout.chunk_numel), dtype=torch.float32)
+                for name, piece, layout in zip(group.names, pieces, group.layouts, strict=True)
+            ]))  # fmt: skip
+        return DeMoState(tuple(stacks), self._step, self._groups)
+
+    def _keep(self, state: DeMoState) -> None:
+        """Each tensor's state holds its rows of its group's stack (a view: nothing is copied)."""
+        params = {name: p for name, p, _ in self._named()}
+        self._held, self._views = state, {}
+        for group, stack in zip(state.groups, state.momentum, strict=True):
+            for name, rows in zip(
+                group.names, stack.split([lay.chunks for lay in group.layouts]), strict=True
+            ):
+                self.state[params[name]][MOMENTUM], self.state[params[name]]["step"] = rows, state.step
+                self._views[name] = rows
+
     def _decode(self, rows: list[bytes | None]) -> list[Sparse]:
         """Every node's coefficients per group, (nodes, chunks, k), less those missing or failing a check."""
-        device = next(iter(self._pending.momentum.values())).device
+        device = self._pending.momentum[0].device
         kept: list[list[tuple]] = []
+        own, own_coefficients = self._own
         for node, row in enumerate(rows):
             if row is None:
+                continue
+            if row is own or row == own:  # this node's (or the same bytes): already at hand, and valid
+                kept.append(own_coefficients)
                 continue
             try:
                 kept.append(self._decode_row(row))
@@ -210,8 +251,8 @@ class DeMo(torch.optim.Optimizer):
                                     "this node's own; an exchange must return every row, its own included")  # fmt: skip
         out = []
         for t in range(len(self._groups)):
-            indices = torch.from_numpy(np.stack([node[t][0] for node in kept])).to(device)
-            values = torch.from_numpy(np.stack([node[t][1] for node in kept])).to(device)
+            indices = torch.stack([torch.as_tensor(node[t][0], device=device) for node in kept])
+            values = torch.stack([torch.as_tensor(node[t][1], device=device) for node in kept])
             out.append(Sparse(indices, values))
         return out
 
@@ -225,6 +266,15 @@ class DeMo(torch.optim.Optimizer):
             except PayloadError as error:
                 raise PayloadError(_group_name(group), str(error)) from None
         return decoded
+
+
+def _add_chunks_(p: torch.Tensor, blocks: torch.Tensor, layout: ChunkLayout, alpha: float) -> None:
+    """p += alpha·(the tensor whose chunks are `blocks`): in place through a strided view, no copy of it."""
+    if not p.is_contiguous():
+        p.add_(from_chunks(blocks, layout), alpha=alpha)
+        return
+    r, c, h, w = layout.rows // layout.h, layout.cols // layout.w, layout.h, layout.w
+    p.view(r, h, c, w).add_(blocks.view(r, c, h, w).permute(0, 2, 1, 3), alpha=alpha)
 
 
 def _group_name(group: Group) -> str:
