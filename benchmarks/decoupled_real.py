@@ -23,6 +23,7 @@ from s3_requests import run_pair, run_plain  # noqa: E402
 
 ARMS = {
     "default (quorum 1, no barrier)": {},
+    "default, damp_momentum=False (the default before)": {"damp_momentum": False},
     "quorum_size=2, no barrier": {"quorum_size": 2},
     "quorum_size=2, overlap_steps=0 (standard DiLoCo)": {"quorum_size": 2, "overlap_steps": 0},
     "same, outer_lr=1, outer_momentum=0 (averaging)": {"quorum_size": 2, "overlap_steps": 0, "outer_lr": 1.0,
@@ -38,13 +39,18 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", help="run only the arms whose name holds this text (and write nothing)")
+    parser.add_argument(
+        "--only",
+        help="run only the arms whose name holds one of these comma-separated texts (and write nothing)",
+    )
     parser.add_argument(
         "--no-write", action="store_true", help="print only; leave docs/BENCHMARKS.md as it is"
     )
     options = parser.parse_args()
-    chosen = {arm: kwargs for arm, kwargs in ARMS.items() if options.only is None or options.only in arm}
+    texts = options.only.split(",") if options.only else [""]
+    chosen = {arm: kwargs for arm, kwargs in ARMS.items() if any(text in arm for text in texts)}
     plain, losses, walls = [], {arm: [] for arm in ARMS}, {arm: [] for arm in ARMS}
+    spent = {arm: [] for arm in ARMS}  # the slower node's join, session.step() and leave seconds
     with open_s3_endpoint() as endpoint, tempfile.TemporaryDirectory() as folder:
         for repeat in range(options.repeats):
             plain.append(run_plain(folder))
@@ -53,21 +59,30 @@ def main() -> None:
                 # The run's committed model: the node that left last holds the newest commits.
                 newest = max(results, key=lambda result: sum(result["versions"]))
                 losses[arm].append(newest["loss"])
-                walls[arm].append(max(result["wall"] for result in results))
+                slower = max(results, key=lambda result: result["wall"])
+                walls[arm].append(slower["wall"])
+                spent[arm].append(slower["spent"])
+                parts = ", ".join(f"{part} {seconds:.2f}" for part, seconds in slower["spent"].items())
                 print(f"repeat {repeat}: {arm}: loss {[round(r['loss'], 4) for r in results]}, "
-                      f"wall {walls[arm][-1]:.2f} s", flush=True)  # fmt: skip
+                      f"wall {walls[arm][-1]:.2f} s ({parts}), plain {plain[-1]['wall']:.2f} s", flush=True)  # fmt: skip
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else ["?"] * 3
     plain_wall = statistics.median(p["wall"] for p in plain)
     alone = statistics.mean(p["loss"] for p in plain)
     standard_arm = "quorum_size=2, overlap_steps=0 (standard DiLoCo)"
     standard = statistics.mean(losses[standard_arm]) if losses[standard_arm] else float("nan")
-    rows = [["one node alone, same 400 steps", f"{alone:.4f}", "", f"{plain_wall:.2f} s"]]
+    rows = [["one node alone, same 400 steps", f"{alone:.4f}", "", f"{plain_wall:.2f} s", "", "", ""]]
     for arm in chosen:
         loss, wall = statistics.mean(losses[arm]), statistics.median(walls[arm])
-        rows.append([arm, f"{loss:.4f}", f"{loss / standard:.2f}×", f"{100 * (wall / plain_wall - 1):+.1f}%"])
+        parts = [
+            f"{statistics.median(s[part] for s in spent[arm]):.2f}" for part in ("join", "step", "leave")
+        ]
+        rows.append(
+            [arm, f"{loss:.4f}", f"{loss / standard:.2f}×", f"{100 * (wall / plain_wall - 1):+.1f}%", *parts]
+        )
     table = markdown_table(
-        ["configuration", "held-out MSE", "over standard DiLoCo", "wall over the plain loop"], rows
-    )
+        ["configuration", "held-out MSE", "over standard DiLoCo", "wall over the plain loop", "join s",
+         "in session.step() s", "leave s"], rows,
+    )  # fmt: skip
     print(table)
     if options.no_write or options.only is not None:
         return

@@ -37,7 +37,7 @@ def test_with_rounds_as_long_as_a_sync_the_default_beats_one_node_alone_where_th
     # The first default (adaptive_outer=False) ended at 0.255 here: outer Nesterov pushes on stale rounds.
     default, barrier = default_and_barrier([1.0, 1.0], 1.0)
     assert default["loss"] < single
-    assert default["loss"] <= 1.15 * barrier["loss"]  # 1.13 today: the gap the barrier's waits buy
+    assert default["loss"] <= 1.15 * barrier["loss"]  # 1.12 today: the gap the barrier's waits buy
     assert default["stalled"] < 1.0 and barrier["stalled"] > 10.0
 
 

@@ -13,6 +13,7 @@ from ..arrays import Arrays, zeros_like
 from ..errors import ConfigError, PayloadError
 from ..frameworks.base import adapter_for
 from ..wire.topk import TopK, parse_topk
+from .damping import damp_opposed
 from .merge import MergeRule, WeightedMean
 from .method import Rounds, WireOptions
 from .outer import FULL_ROUND, OuterOptimizer, OuterState, RoundShape, outer_nesterov, outer_nesterov_by_share
@@ -53,6 +54,10 @@ class DiLoCo:
     adaptive_outer: a round that merged a share c of the live nodes moves the model by c of a full
         round, and a stale round (no barrier, contributions spanning more than one sync) by c·Δ without
         the momentum push (docs/decoupled.md); barrier rounds with every node are plain outer Nesterov.
+    damp_momentum: before a round's outer step, scale the Nesterov buffer by (1 + cos)² when the merged Δ
+        points against it (cos < 0; algorithms/damping.py). None (default): on without a barrier
+        (overlap_steps=None), where steps carried from rounds in flight make the momentum oscillate; off
+        with one, so standard and Streaming DiLoCo stay exact to their definitions.
     merge: how a round's contributions combine; quorum_size: contributions a round waits for.
     max_norm_ratio: reject a contribution whose Δ's L2 norm exceeds this many times the median of the
         round's other contributions' norms (with 3 or more contributions); None accepts any norm.
@@ -80,6 +85,7 @@ class DiLoCo:
     outer_momentum: float = 0.9
     nesterov: bool = True
     adaptive_outer: bool = True
+    damp_momentum: bool | None = None
     merge: MergeRule = field(default_factory=WeightedMean)
     quorum_size: int = 1
     max_norm_ratio: float | None = 10.0
@@ -111,6 +117,10 @@ class DiLoCo:
         _require_float(
             "outer_momentum", self.outer_momentum, 0.0, 1.0, upper_open=True, hint="DiLoCo uses 0.9"
         )
+        if not (self.damp_momentum is None or isinstance(self.damp_momentum, bool)):
+            raise ConfigError(
+                f"damp_momentum={self.damp_momentum!r} must be True, False or None (on without a barrier)"
+            )
         _require_int("quorum_size", self.quorum_size, 1, None, "1 merges as soon as one node contributes")
         if self.quorum_size > 1 and self.max_in_flight < self.fragments:
             # Two nodes out of phase could each hold the only slot the other's round waits for, forever.
@@ -138,6 +148,10 @@ class DiLoCo:
             raise ConfigError(f"partition={self.partition!r} must be sl.Strided() or sl.BalancedBytes()")
         if not hasattr(self.merge, "merge") or not hasattr(self.merge, "weight"):
             raise ConfigError(f"merge={self.merge!r} must be a merge rule such as sl.WeightedMean()")
+
+    @property
+    def damps_momentum(self) -> bool:
+        return self.overlap_steps is None if self.damp_momentum is None else self.damp_momentum
 
     @property
     def max_in_flight(self) -> int:
@@ -221,6 +235,8 @@ class DiLoCo:
         """Outer Nesterov on the merged Δ; a round of final contributions only applies Δ once, momentum
         untouched. `shape` is the round's share of the live nodes, and whether it was stale."""
         use_momentum = self.outer_momentum > 0 and not flush_only
+        if use_momentum and self.damps_momentum:
+            state = damp_opposed(delta, state)
         extra = {"shape": shape} if self.adaptive_outer else {}
         params, after = self.outer_optimizer().update(
             delta, OuterState(state), anchor, use_momentum=use_momentum, **extra
@@ -241,6 +257,7 @@ class DiLoCo:
             "outer_momentum": self.outer_momentum,
             "nesterov": self.nesterov,
             "adaptive_outer": self.adaptive_outer,
+            "damp_momentum": self.damp_momentum,
             "merge": self.merge.to_dict(),
             "quorum_size": self.quorum_size,
             "max_norm_ratio": self.max_norm_ratio,
