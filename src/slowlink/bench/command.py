@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..ops.console import make_console
 from ..plan.units import parse_bandwidth, parse_count, parse_duration, parse_int
-from .config import preset
+from .config import BenchConfig, preset
 from .registry import METHODS
 from .report import LiveView, markdown_table, write_results
 from .run import run_bench
@@ -63,8 +63,8 @@ def add_bench(commands: argparse._SubParsersAction) -> None:
     bench.set_defaults(handler=run_command)
 
 
-def run_command(args: argparse.Namespace) -> int:
-
+def config_of(args: argparse.Namespace) -> BenchConfig:
+    """The preset the options choose, with the options given changed: checked as it is built."""
     changes: dict = {"out": args.out}
     for option in ("--steps", "--workers", "--sync-every", "--fragments", "--batch-size", "--seed", "--jobs"):
         text = getattr(args, option[2:].replace("-", "_"))
@@ -85,7 +85,11 @@ def run_command(args: argparse.Namespace) -> int:
     if args.methods is not None:
         changes["methods"] = tuple(name.strip() for name in args.methods.split(",") if name.strip())
     changes.update({name: getattr(args, name) for name in ("model", "exchange") if getattr(args, name)})
-    config = preset("smoke" if args.smoke else "quick" if args.quick else "full", **changes)
+    return preset("smoke" if args.smoke else "quick" if args.quick else "full", **changes)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    config = config_of(args)
     console = make_console()
     result = run_bench(config, LiveView(console), save=lambda so_far: write_results(so_far, Path(config.out)))
     files = write_results(result, Path(config.out))
