@@ -26,7 +26,7 @@ BENCH_HELP = {  # option -> (metavar, help); the preset gives every default
         "each worker's link, e.g. 1Mbps (default: one all-reduce of the model takes 90 steps)",
     ),
     "--latency": ("T", "per message hop, e.g. 10ms"),
-    "--demo-lr": ("LR", "DeMo's peak learning rate (1e-2)"),
+    "--demo-lr": ("LR", "DeMo's peak learning rate (full: 1e-3; --quick: 1e-2)"),
     "--seed": ("S", "seed of the models, the data and the schedule"),
     "--methods": ("LIST", f"comma-separated, of {', '.join(METHODS)} (default: all)"),
     "--jobs": ("J", "methods run at once, each in its own process (2); the numbers do not depend on it"),
@@ -75,7 +75,7 @@ def config_of(args: argparse.Namespace) -> BenchConfig:
     if args.overlap_steps is not None:
         changes["overlap_steps"] = parse_int("--overlap-steps", args.overlap_steps, low=0)
     if args.demo_lr is not None:
-        changes["demo_lr"] = parse_count("--demo-lr", args.demo_lr, example="1e-2")
+        changes["demo_lr"] = parse_count("--demo-lr", args.demo_lr, example="1e-3")
     if args.step_time is not None:
         changes["step_time"] = parse_duration("--step-time", args.step_time)
     if args.latency is not None:
