@@ -43,7 +43,7 @@ def test_bad_options_are_refused_with_the_fix_and_nothing_is_written(tmp_path, c
 
 def test_the_presets_are_valid_configs_and_a_change_is_checked_like_a_new_one():
     assert PRESETS["full"] == BenchConfig()
-    # DeMo's lr, each the best of four on its preset's held-out loss (docs/BENCHMARKS.md, bench and bench-full)
+    # DeMo's lr, each the best of those tried on its preset's held-out loss (docs/BENCHMARKS.md, bench and bench-full)
     assert (PRESETS["full"].demo_lr, PRESETS["quick"].demo_lr, PRESETS["smoke"].demo_lr) == (1e-3, 1e-2, 1e-2)
     assert preset("quick", steps=40).steps == 40
     with pytest.raises(sl.ConfigError, match="preset 'fast' is unknown; choose one of full, quick, smoke"):

@@ -33,8 +33,9 @@ class BenchConfig:
     eval_windows: int = 64  # held-out windows for the final loss
     demo_topk: int = 8
     # DeMo's peak learning rate, chosen by held-out loss on each preset (docs/BENCHMARKS.md): on the full one's
-    # small model, 3e-4, 1e-3, 3e-3 and 1e-2 end at 2.759, 2.336, 2.626 and 2.758 (1e-2, the tiny model's best,
-    # stalls: a sign step moves every parameter by lr, whatever its gradient); --quick and --smoke keep 1e-2
+    # small model, 3e-4, 1e-3, 2e-3, 3e-3 and 1e-2 end at 2.759, 2.336, 2.488, 2.626 and 2.758 (1e-2, the tiny
+    # model's best, stalls: a sign step moves every parameter by lr, whatever its gradient); --quick and
+    # --smoke keep 1e-2
     demo_lr: float = 1e-3
     methods: tuple[str, ...] = ()  # registry names; empty: every entry
     jobs: int = 2  # entries run at once, each in its own process on one thread: the bench's 2 cores
