@@ -42,7 +42,7 @@ def add_bench(commands: argparse._SubParsersAction) -> None:
             "Decoupled DiLoCo, DiLoCo with top-k deltas, the gossip variants, NoLoCo and DeMo: same seed, data "
             "order and samples, each on simulated workers over a modelled link. Writes a Markdown table, a PNG "
             "and a JSON file, again as each method ends. Models: docs/bench.md. Defaults: the full run (small "
-            "model, 4 workers, 500 steps, H = 50, P = 3, about 30 min on 2 idle cores); --quick (tiny model, "
+            "model, 4 workers, 500 steps, H = 50, P = 3, about 27 min on 2 idle cores); --quick (tiny model, "
             "200 steps, H = 20, minutes)."
         ),
     )
