@@ -2,6 +2,8 @@
 writes nothing."""
 
 import re
+import shlex
+from pathlib import Path
 
 import pytest
 
@@ -41,8 +43,26 @@ def test_bad_options_are_refused_with_the_fix_and_nothing_is_written(tmp_path, c
 
 def test_the_presets_are_valid_configs_and_a_change_is_checked_like_a_new_one():
     assert PRESETS["full"] == BenchConfig()
+    # DeMo's lr, each the best of those tried on its preset's held-out loss (docs/BENCHMARKS.md, bench and bench-full)
+    assert (PRESETS["full"].demo_lr, PRESETS["quick"].demo_lr, PRESETS["smoke"].demo_lr) == (1e-3, 1e-2, 1e-2)
     assert preset("quick", steps=40).steps == 40
     with pytest.raises(sl.ConfigError, match="preset 'fast' is unknown; choose one of full, quick, smoke"):
         preset("fast")
     with pytest.raises(sl.ConfigError, match="--model 'huge' is unknown"):
         preset("smoke", model="huge")
+
+
+def test_the_readmes_bench_command_is_the_quick_preset_of_every_method_into_slowlink_bench():
+    from slowlink.bench.command import config_of
+    from slowlink.bench.registry import METHODS
+    from slowlink.bench.run import chosen
+    from slowlink.cli.main import build_parser
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith("slowlink bench "))
+    argv = shlex.split(line.split("#")[0])[1:]
+    assert argv == ["bench", "--quick"]
+    config = config_of(build_parser().parse_args(argv))
+    assert config == preset("quick", out="slowlink-bench")  # the README's "into `slowlink-bench/`"
+    assert chosen(config) == list(METHODS)  # "the methods side by side": all 13
+    assert len(METHODS) == 13

@@ -132,3 +132,30 @@ def test_plot_without_matplotlib_says_how_to_get_it(tmp_path, capsys, monkeypatc
     argv = ["plan", "--params", "1e9", "--step-time", "0.1", "--bandwidth", "1Gbps"]
     code, _, err = run(capsys, [*argv, "--plot", str(tmp_path / "p.png")])
     assert code == 1 and "--plot needs matplotlib" in err and "pip install matplotlib" in err
+
+
+def readme_command(name: str) -> list[str]:
+    """The README's `slowlink NAME ...` line, as argv (its comment cut off)."""
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if line.startswith(f"slowlink {name} "))
+    return shlex.split(line.split("#")[0])[1:]
+
+
+def test_the_readmes_plan_command_runs_and_prints_each_part(capsys):
+    argv = readme_command("plan")
+    code, out, _ = run(capsys, argv)
+    assert code == 0
+    assert out.startswith("slowlink plan: 1.5B parameters in 26 layers, 8 workers, 2.4 s of compute a step")
+    header = next(line for line in out.splitlines() if line.startswith("method "))
+    assert header.split()[2:] == ["100", "Mbit/s", "1", "Gbit/s"]  # one column per --bandwidth
+    rows = {(line[:25].strip(), line.split()[-3]): line.split()[-2:] for line in out.splitlines()
+            if line.endswith("%") and line[:25].strip() and line.split()[-3].isdigit()}  # fmt: skip
+    assert rows[("DiLoCo", "100")] == ["36.4%", "85.6%"]  # FGDiLoCo's 36% at 100 Mbit/s
+    assert rows[("Data-parallel (DDP)", "1")] == ["0.6%", "5.6%"]  # its "about 1%"
+    assert len(rows) == 11  # DDP, then 5 methods at each of H = 100 and 500
+    assert "Bandwidth needed for a compute utilization of" in out
+    assert "at 100 Mbit/s: Streaming + overlap + FP4, H=100, 9 fragments, τ=4, F4 (94.2%)" in out
+    assert "at 1 Gbit/s: Streaming + overlap, H=100, 9 fragments, τ=1, BF16 (96.7%)" in out

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..ops.console import make_console
 from ..plan.units import parse_bandwidth, parse_count, parse_duration, parse_int
-from .config import preset
+from .config import BenchConfig, preset
 from .registry import METHODS
 from .report import LiveView, markdown_table, write_results
 from .run import run_bench
@@ -26,7 +26,7 @@ BENCH_HELP = {  # option -> (metavar, help); the preset gives every default
         "each worker's link, e.g. 1Mbps (default: one all-reduce of the model takes 90 steps)",
     ),
     "--latency": ("T", "per message hop, e.g. 10ms"),
-    "--demo-lr": ("LR", "DeMo's peak learning rate (1e-2)"),
+    "--demo-lr": ("LR", "DeMo's peak learning rate (full: 1e-3; --quick: 1e-2)"),
     "--seed": ("S", "seed of the models, the data and the schedule"),
     "--methods": ("LIST", f"comma-separated, of {', '.join(METHODS)} (default: all)"),
     "--jobs": ("J", "methods run at once, each in its own process (2); the numbers do not depend on it"),
@@ -42,7 +42,7 @@ def add_bench(commands: argparse._SubParsersAction) -> None:
             "Decoupled DiLoCo, DiLoCo with top-k deltas, the gossip variants, NoLoCo and DeMo: same seed, data "
             "order and samples, each on simulated workers over a modelled link. Writes a Markdown table, a PNG "
             "and a JSON file, again as each method ends. Models: docs/bench.md. Defaults: the full run (small "
-            "model, 4 workers, 500 steps, H = 50, P = 3, about 30 min on 2 idle cores); --quick (tiny model, "
+            "model, 4 workers, 500 steps, H = 50, P = 3, about 27 min on 2 idle cores); --quick (tiny model, "
             "200 steps, H = 20, minutes)."
         ),
     )
@@ -63,8 +63,8 @@ def add_bench(commands: argparse._SubParsersAction) -> None:
     bench.set_defaults(handler=run_command)
 
 
-def run_command(args: argparse.Namespace) -> int:
-
+def config_of(args: argparse.Namespace) -> BenchConfig:
+    """The preset the options choose, with the options given changed: checked as it is built."""
     changes: dict = {"out": args.out}
     for option in ("--steps", "--workers", "--sync-every", "--fragments", "--batch-size", "--seed", "--jobs"):
         text = getattr(args, option[2:].replace("-", "_"))
@@ -75,7 +75,7 @@ def run_command(args: argparse.Namespace) -> int:
     if args.overlap_steps is not None:
         changes["overlap_steps"] = parse_int("--overlap-steps", args.overlap_steps, low=0)
     if args.demo_lr is not None:
-        changes["demo_lr"] = parse_count("--demo-lr", args.demo_lr, example="1e-2")
+        changes["demo_lr"] = parse_count("--demo-lr", args.demo_lr, example="1e-3")
     if args.step_time is not None:
         changes["step_time"] = parse_duration("--step-time", args.step_time)
     if args.latency is not None:
@@ -85,7 +85,11 @@ def run_command(args: argparse.Namespace) -> int:
     if args.methods is not None:
         changes["methods"] = tuple(name.strip() for name in args.methods.split(",") if name.strip())
     changes.update({name: getattr(args, name) for name in ("model", "exchange") if getattr(args, name)})
-    config = preset("smoke" if args.smoke else "quick" if args.quick else "full", **changes)
+    return preset("smoke" if args.smoke else "quick" if args.quick else "full", **changes)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    config = config_of(args)
     console = make_console()
     result = run_bench(config, LiveView(console), save=lambda so_far: write_results(so_far, Path(config.out)))
     files = write_results(result, Path(config.out))

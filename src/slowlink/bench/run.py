@@ -116,21 +116,44 @@ class _Relay:
             self.queue.put(("progress", name, done, total))
 
 
-def _job(name: str, config: BenchConfig, queue) -> Outcome:
-    return run_entry(name, config, _Relay(queue))
+_messages = None  # a job process's queue to the parent, set when the process starts
+
+
+def _start_job_process(messages) -> None:
+    """Each job process, as it starts: keep the queue to the parent, and die as soon as the parent does. A
+    parent killed by a signal runs no cleanup; without this its jobs would train on for minutes."""
+    import multiprocessing
+    import os
+    import threading
+    from multiprocessing.connection import wait as wait_for
+
+    global _messages
+    _messages = messages
+    parent = multiprocessing.parent_process()  # its sentinel becomes ready when the parent exits
+
+    def exit_with_parent() -> None:
+        wait_for([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=exit_with_parent, name="exit-with-parent", daemon=True).start()
+
+
+def _job(name: str, config: BenchConfig) -> Outcome:
+    return run_entry(name, config, _Relay(_messages))
 
 
 def run_in_processes(names: list[str], config: BenchConfig, view, record: Callable[[Outcome], None]) -> None:
-    """The entries as jobs of a pool of config.jobs fresh processes; the view hears their messages here, and
-    record(outcome) each outcome as its job ends."""
+    """The entries as jobs of a pool of config.jobs fresh processes, which end with this one however it ends;
+    the view hears their messages here, and record(outcome) each outcome as its job ends."""
     import multiprocessing
     import queue as queues
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     context = multiprocessing.get_context("spawn")  # no state of this process (torch's threads) is copied
-    with context.Manager() as manager, ProcessPoolExecutor(config.jobs, mp_context=context) as pool:
-        messages = manager.Queue()
-        jobs = {pool.submit(_job, name, config, messages): name for name in names}
+    messages = context.Queue()  # handed to each process as it starts: no manager process to outlive us
+    with ProcessPoolExecutor(config.jobs, mp_context=context, initializer=_start_job_process,
+                             initargs=(messages,)) as pool:  # fmt: skip
+        jobs = {pool.submit(_job, name, config): name for name in names}
         pending = set(jobs)
         while pending:
             finished, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
