@@ -126,16 +126,6 @@ def test_compress_subtracts_exactly_what_was_sent():
     assert torch.allclose(left[unsent], full[unsent], atol=1e-5)
 
 
-def test_a_node_whose_coefficients_are_impossible_is_refused_with_the_reason():
-    layout = d.layout_of((4, 4), 4)  # one chunk of 16
-    good = d.Sparse(torch.tensor([[0, 5]]), torch.tensor([[1.0, 2.0]]))
-    assert d.refusal(good, layout, 2) is None
-    assert "outside [0, 16)" in d.refusal(d.Sparse(torch.tensor([[0, 16]]), good.values), layout, 2)
-    assert "twice" in d.refusal(d.Sparse(torch.tensor([[5, 5]]), good.values), layout, 2)
-    assert "NaN" in d.refusal(d.Sparse(good.indices, torch.tensor([[1.0, math.nan]])), layout, 2)
-    assert "expected" in d.refusal(d.Sparse(torch.tensor([[0, 5, 6]]), torch.ones(1, 3)), layout, 2)
-
-
 @pytest.mark.parametrize(
     "values, scale", [("f32", "tensor"), ("2bit", "tensor"), ("sign", "tensor"), ("2bit", "chunk")]
 )

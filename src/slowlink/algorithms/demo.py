@@ -198,21 +198,6 @@ def quantize(
     return torch.tensor(TWO_BIT_LEVELS, dtype=values.dtype, device=values.device)[codes] * s
 
 
-def refusal(gathered: Sparse, layout: ChunkLayout, k: int) -> str | None:
-    """Why one node's coefficients (indices and values (chunks, k)) cannot be averaged, or None."""
-    expected = (layout.chunks, min(k, layout.chunk_numel))
-    if tuple(gathered.indices.shape) != expected or tuple(gathered.values.shape) != expected:
-        return f"{tuple(gathered.indices.shape)} coefficients where {expected} (chunks, k) were expected"
-    if bool(((gathered.indices < 0) | (gathered.indices >= layout.chunk_numel)).any()):
-        return f"an index outside [0, {layout.chunk_numel}) of its chunk"
-    ordered = gathered.indices.sort(dim=1).values
-    if bool((ordered[:, 1:] == ordered[:, :-1]).any()):
-        return "the same index twice in one chunk"
-    if not bool(torch.isfinite(gathered.values).all()):
-        return "a NaN or infinite value"
-    return None
-
-
 class Group(NamedTuple):
     """The tensors whose chunks have one shape (h, w), in the parameters' order: transformed, picked and
     averaged together, as one stack of chunks (what makes a step a few large products, not many small)."""
