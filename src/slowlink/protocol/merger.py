@@ -105,12 +105,15 @@ class Merger:
         due, self.next_look_at = self.looks.due(self.clock(), self.open, versions)
         if due:
             self.looks.looked(self.clock())
-            listing = self.mailbox.list(keys.ROUNDS)
-            self.housekeeping.merged_rounds(listing, head)
-            for item in listing:
-                parsed = keys.parse_contribution(item.key)
-                if parsed is not None and parsed[2] not in nodes_by_round.get(parsed[:2], []):
-                    nodes_by_round.setdefault(parsed[:2], []).append(parsed[2])
+            others = live_nodes(False) - {self.node_id}
+            found = self.looks.probes(self.clock(), self.open, versions, set(self.own), others)
+            if found is None:  # rounds/ listed: what it shows, and the merged rounds' garbage
+                listing = self.mailbox.list(keys.ROUNDS)
+                self.housekeeping.merged_rounds(listing, head)
+                found = [parsed for item in listing if (parsed := keys.parse_contribution(item.key))]
+            for fragment, round_, node in found:
+                if node not in nodes_by_round.get((fragment, round_), []):
+                    nodes_by_round.setdefault((fragment, round_), []).append(node)
         committed = []
         for fragment, (version, anchor) in sorted(versions.items()):
             current = self.open.get(fragment)
