@@ -43,3 +43,15 @@ def subtract_into(minuend: np.ndarray, values: np.ndarray) -> None:
     import torch
 
     torch.sub(minuend, values, out=values)
+
+
+def difference(minuend: np.ndarray, subtrahend: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """minuend − subtrahend, into `out` where given (an array of their shape, on a torch tensor's device):
+    the same bits either way, with no new array when `out` is held memory."""
+    if out is None:
+        return minuend - subtrahend
+    if isinstance(out, np.ndarray):
+        return np.subtract(minuend, subtrahend, out=out)
+    import torch
+
+    return torch.sub(minuend, subtrahend, out=out)
