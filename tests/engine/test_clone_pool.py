@@ -1,6 +1,7 @@
 """The node's clone buffers (engine/clones.py): every fragment fits any buffer, a buffer is reused once its
 snapshot settles, and a commit's change computed in a free buffer has the bits of one computed in new memory."""
 
+import numpy as np
 import torch
 
 from slowlink.algorithms.mixing import carry_change, carry_overlap_change
@@ -54,3 +55,13 @@ def test_a_change_computed_in_the_scratch_has_the_bits_of_one_in_new_memory():
             assert values.data_ptr() == pool.free[0].get(values.device).data_ptr()  # in the free buffer
     pool.take(0)
     assert pool.scratch() is None  # no free buffer: the change goes into new memory
+
+
+def test_host_anchors_beside_torch_buffers_take_their_change_in_new_memory():
+    """The simulator's nodes hold their anchors as host arrays though their models are torch modules: the
+    pool's scratch is then left alone, and the change is what it would be without one."""
+    old = {name: t.numpy() for name, t in tensors().items()}
+    new = {name: v + np.float32(0.5) for name, v in old.items()}
+    pool = ClonePool(tensors(), [list(old)], count=1)
+    for name, change in carry_change(old, new, pool.scratch()):
+        assert isinstance(change, np.ndarray | np.generic) and np.array_equal(change, new[name] - old[name])
