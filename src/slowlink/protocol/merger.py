@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..algorithms import rounds as rounds_
+from ..algorithms.merge import WeightedMean
 from ..algorithms.method import Method
 from ..algorithms.robust import l2_norm
 from ..arrays import Arrays, all_finite
@@ -72,7 +73,9 @@ class Merger:
         and the outer step run, as every node's own math does; None: on the host, as numpy arrays."""
         self.mailbox, self.run, self.method, self.node_id = mailbox, run, method, node_id
         self.emit, self.clock = emit, clock
-        self.on_device = on_device or dict
+        # The robust merge rules (robust.py, rda.py) are written for numpy: with one, the math stays on host.
+        device_math = isinstance(getattr(method, "merge", None), WeightedMean)
+        self.on_device = on_device if on_device is not None and device_math else dict
         # Membership at a run's start (_ready): the leases this node reads, leader or not, and until when a
         # view short of the quorum may still miss a node that has not written its lease, or is not read yet.
         self.leases = leases
