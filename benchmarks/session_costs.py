@@ -215,9 +215,8 @@ What the merger holds: the newest commit (1×, shared with the node's anchors) a
 always; the buffers its snapshots are cloned into (`in_flight` fragments, made when it joins and reused by
 every fragment); while it commits a fragment, its own payload and the other's (each let go once merged),
 the running sum, the new momentum and parameters (the outer step goes tensor by tensor), and the commit's
-payload. The merge and the outer step run on the model's device (torch tensors; on this machine the CPU,
-sharing the host arrays' memory), so on a GPU the momentum, the anchors and the clone buffers are device
-memory, not host memory; here they are host memory. With `fragments=1` each of those is the whole model, so
+payload. On a GPU the anchors and the clone buffers are device memory, not host memory; here they are host
+memory. With `fragments=1` each of those is the whole model, so
 about 6× at the commit is the floor of this design on a CPU, and 2.5× is not met there; with `fragments=8`
 they are an eighth each. glibc keeps what a commit frees scattered in its heaps, so the merger hands it back
 (`malloc_trim`) after each commit; the gap between the two columns is what the allocator and torch hold

@@ -154,8 +154,7 @@ def main() -> None:
 `DiLoCo(sync_every={SYNC_EVERY}, fragments={FRAGMENTS})` (a fragment of {runs[0]["fragment_mb"]:.0f} MB due every
 second step), one node that also merges, {args.steps} steps of {COMPUTE_SECONDS * 1000:.0f} ms compute each: a
 sleep standing for a step that runs on an accelerator while the host waits. On this machine the device is the
-CPU: the node's anchors, Δ and its encoding (F32 here), the merge and the outer step are torch tensors and
-ops there, as on a GPU.
+CPU: the node's anchors, Δ and its encoding (F32 here) are torch tensors and ops there, as on a GPU.
 {args.pairs} paired runs per mailbox; load average {load_at_start:.1f} on {os.cpu_count()} cores when it started,
 {load:.1f} when it finished (the machine is shared: a run's medians move up to 5× from one run to the next).
 

@@ -57,14 +57,3 @@ def difference(minuend: np.ndarray, subtrahend: np.ndarray, out: np.ndarray | No
     import torch
 
     return torch.sub(minuend, subtrahend, out=out)
-
-
-def all_finite(arrays: "Arrays") -> bool:
-    """Whether every value of every array is finite, numpy arrays or torch tensors (read back once each)."""
-    for values in arrays.values():
-        if isinstance(values, np.ndarray | np.generic):
-            if not np.isfinite(values).all():
-                return False
-        elif not bool(values.isfinite().all()):
-            return False
-    return True

@@ -6,7 +6,7 @@ arrays, and writes host arrays back in place, so optimizer state keyed on the pa
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import numpy as np
@@ -55,23 +55,6 @@ def host_arrays(values: dict) -> Arrays:
     return {
         name: v if isinstance(v, np.ndarray | np.generic) else v.cpu().numpy() for name, v in values.items()
     }
-
-
-class host_view(Mapping):  # noqa: N801 (a function's name: it reads as host_arrays does)
-    """host_arrays of `values`, each brought to host only when read: a commit's outer state is read only
-    on the rounds that write a snapshot of it."""
-
-    def __init__(self, values: dict) -> None:
-        self.values = values
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return host_arrays({name: self.values[name]})[name]
-
-    def __iter__(self):
-        return iter(self.values)
-
-    def __len__(self) -> int:
-        return len(self.values)
 
 
 def on_device_of(adapter: Adapter) -> Callable[[Arrays], dict]:

@@ -17,13 +17,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..algorithms import rounds as rounds_
-from ..algorithms.merge import WeightedMean
 from ..algorithms.method import Method
 from ..algorithms.robust import l2_norm
-from ..arrays import Arrays, all_finite
+from ..arrays import Arrays
 from ..errors import PayloadError
 from ..events import Event
-from ..frameworks.base import host_arrays, host_view
 from ..mailbox.contract import Mailbox
 from ..wire import payload
 from . import contribution, keys
@@ -67,15 +65,9 @@ class Merger:
         emit: Callable[[Event], None],
         clock: Callable[[], float] = time.monotonic,
         leases: Leases | None = None,
-        on_device: Callable[[Arrays], dict] | None = None,
     ) -> None:
-        """on_device: host arrays to the model's device (the adapter's, frameworks/base.py), where the merge
-        and the outer step run, as every node's own math does; None: on the host, as numpy arrays."""
         self.mailbox, self.run, self.method, self.node_id = mailbox, run, method, node_id
         self.emit, self.clock = emit, clock
-        # The robust merge rules (robust.py, rda.py) are written for numpy: with one, the math stays on host.
-        device_math = isinstance(getattr(method, "merge", None), WeightedMean)
-        self.on_device = on_device if on_device is not None and device_math else dict
         # Membership at a run's start (_ready): the leases this node reads, leader or not, and until when a
         # view short of the quorum may still miss a node that has not written its lease, or is not read yet.
         self.leases = leases
@@ -228,7 +220,7 @@ class Merger:
         history = self.judge.history(fragment)
         for node, record in sorted(current.accepted.items()):
             try:
-                delta = self.on_device(self._load_contribution(fragment, current, node, record["blob"]))
+                delta = self._load_contribution(fragment, current, node, record["blob"])
                 current.norms[node] = norm = l2_norm(self.run.judged(delta))
                 self.judge.judge_norm(node, norm, reported, history, anchor_norm, current.steps[node])
             except PayloadError as error:
@@ -284,7 +276,7 @@ class Merger:
         snapshot_round, record = newest_snapshot(self.mailbox, fragment, version)
         self.writer.last_snapshot[fragment] = snapshot_round
         if record is None or record["outer_state"] is None:
-            return self.method.init_state(anchor)  # zeros where the anchor is
+            return self.method.init_state(anchor)
         data = get_blob(self.mailbox, record["outer_state"], self.run.max_payload_bytes(fragment))
         state, _ = payload.unpack(
             data,
@@ -293,13 +285,10 @@ class Merger:
             max_bytes=self.run.max_payload_bytes(fragment),
             expect_shapes=self.run.shapes(fragment),
         )
-        return self.on_device(
-            state
-        )  # (on the host: read-only views of the payload, which the step only reads)
+        return state  # read-only views of the payload: the method's outer step only reads them
 
     def _commit(self, fragment: int, current: OpenRound, anchor: Arrays, live: set[str]) -> Committed | None:
-        # The merge and the outer step run where the model is; only what the commit writes comes to host.
-        version, host_anchor, anchor = current.round - 1, anchor, self.on_device(anchor)
+        version = current.round - 1
         state = self._outer_state(fragment, version, anchor)
         weights = self._weights(current)
         if not current.accepted:  # every contribution was rejected: the anchor, unchanged, no outer step
@@ -325,7 +314,7 @@ class Merger:
                     delta, state, anchor, flush_only=flush_only, shape=shape
                 )
             del delta  # one fragment less held while the commit is written
-        if not all_finite(params) or not all_finite(state):
+        if not _finite(params) or not _finite(state):
             # Each payload was finite, but together they overflow: leave out the largest, try again next turn.
             largest = max(accepted, key=lambda node: current.norms.get(node, 0.0))
             self._reject(current, largest, "merging its Δ made the fragment's parameters non-finite")
@@ -333,9 +322,7 @@ class Merger:
         fields = {"contributors": contributors_of(accepted, weights, current.norms),
                   "rejected": [{"node": node, "reason": why} for node, why in sorted(current.rejected.items())],
                   "merger": self.node_id, "flush_only": flush_only, "live": shape.live, "stale": shape.stale}  # fmt: skip
-        written = self.writer.write(
-            fragment, current.round, host_arrays(params), host_anchor, host_view(state), fields, self.head
-        )
+        written = self.writer.write(fragment, current.round, params, anchor, state, fields, self.head)
         if written is None:
             return None  # that commit is the round's; this node fetches it like any other
         params, record, blob_bytes = written
@@ -356,6 +343,10 @@ class Merger:
             del self.own[key]
         release_freed_memory()
         return Committed(fragment, current.round, params, record)
+
+
+def _finite(arrays: Arrays) -> bool:
+    return all(np.isfinite(values).all() for values in arrays.values())
 
 
 def release_freed_memory() -> None:
