@@ -161,6 +161,14 @@ MEMORY_HEADER = ["fragments", "zstd", "node", "plain peak", "with slowlink", "ex
                  "traced extra", "traced / model"]  # fmt: skip
 
 
+def _verdict(rows: list[list[object]]) -> str:
+    """Which merger rows meet the 2.5× target, from the table's own cells."""
+    mergers = [(row[0], row[1], float(row[6].rstrip("×"))) for row in rows if "merger" in row[2]]
+    met = [f"fragments={f}, zstd {z} ({x:.2f}×)" for f, z, x in mergers if x <= 2.5]
+    missed = [f"fragments={f}, zstd {z} ({x:.2f}×)" for f, z, x in mergers if x > 2.5]
+    return "met for " + (", ".join(met) or "none") + "; not met for " + (", ".join(missed) or "none")
+
+
 def main() -> None:
     overhead = step_overhead()
     print(f"step(): median {overhead['median_us']:.1f} µs, p99 {overhead['p99_us']:.1f} µs")
@@ -198,19 +206,21 @@ allocated as tracemalloc counts it (torch's tensors are not in it; the plain loo
 {markdown_table(MEMORY_HEADER, rows)}
 
 Target: at most 2.5× the model on the merger (its anchor and outer momentum are 2× by themselves):
-not met in any of the four (the merger rows above).
-On the code before (7e79ca1, same command, load 1.4–10.7) the merger measured 10.05× and 10.53× at
-`fragments=1` (zstd off, on) and 4.40× and 5.26× at `fragments=8`; traced 7.07, 6.83, 2.69, 2.79×.
+{_verdict(rows)}.
+On the code before (20ce18e, same command, load 15–19) the merger measured 7.53× and 8.27× at
+`fragments=1` (zstd off, on) and 3.05× and 3.20× at `fragments=8`.
 Load average while it ran: {load}.
 
 What the merger holds: the newest commit (1×, shared with the node's anchors) and the outer momentum (1×)
-always; the clone of each contribution in flight (a fragment, reused by any later one of the same
-shapes); while it commits a fragment, its own payload and the other's (each let go once merged), the
-running sum, the new momentum and parameters (the outer step goes tensor by tensor), and the commit's
-payload. With `fragments=1` each of those is the whole model, so about 6× at the commit is the floor of
-this design on a CPU, and 2.5× is not met there; with `fragments=8` they are an eighth each. glibc keeps
-what a commit frees scattered in its heaps, so the merger hands it back (`malloc_trim`) after each
-commit; the gap between the two columns is what the allocator and torch hold beyond what numpy traced.
+always; the buffers its snapshots are cloned into (`in_flight` fragments, made when it joins and reused by
+every fragment); while it commits a fragment, its own payload and the other's (each let go once merged),
+the running sum, the new momentum and parameters (the outer step goes tensor by tensor), and the commit's
+payload. On a GPU the anchors and the clone buffers are device memory, not host memory; here they are host
+memory. With `fragments=1` each of those is the whole model, so
+about 6× at the commit is the floor of this design on a CPU, and 2.5× is not met there; with `fragments=8`
+they are an eighth each. glibc keeps what a commit frees scattered in its heaps, so the merger hands it back
+(`malloc_trim`) after each commit; the gap between the two columns is what the allocator and torch hold
+beyond what numpy traced.
 
 ### Requests per round
 

@@ -43,3 +43,17 @@ def subtract_into(minuend: np.ndarray, values: np.ndarray) -> None:
     import torch
 
     torch.sub(minuend, values, out=values)
+
+
+def difference(minuend: np.ndarray, subtrahend: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """minuend − subtrahend, into `out` where given and of the minuend's kind (an array of their shape, or a
+    tensor on their device; a simulated node's anchors are host arrays beside a model's tensors): the same
+    bits either way, with no new array when `out` is held memory."""
+    on_host = isinstance(minuend, np.ndarray | np.generic)  # (numpy makes a 0-d array's result a scalar)
+    if out is None or isinstance(out, np.ndarray) != on_host:
+        return minuend - subtrahend
+    if on_host:
+        return np.subtract(minuend, subtrahend, out=out)
+    import torch
+
+    return torch.sub(minuend, subtrahend, out=out)

@@ -47,7 +47,10 @@ class Node:
         self.channel, self.clock, self.emit = channel, clock, emit
         # A device copy where the adapter can make one: the host copy is then the channel's, on its thread.
         self._clone = getattr(adapter, "clone", None)
-        self._clones: dict[int, dict] = {}  # fragment -> the device tensors its last snapshot was cloned into
+        if self._clone is not None:
+            from .clones import ClonePool  # torch's: only an adapter of torch tensors clones
+
+            self.clones = ClonePool(adapter.tensors, plan, rounds.in_flight)
         self.state = rounds_.start(rounds, [latest[q][0] for q in range(len(plan))])
         self.anchors = dict(latest)  # fragment -> (version, params) of the commit it is aligned with
         self.outgoing: dict[int, Outgoing] = {}
@@ -125,37 +128,18 @@ class Node:
         ))  # fmt: skip
 
     def _copy_out(self, fragment: int) -> Arrays:
-        """The fragment's values for a contribution: a device clone into the tensors of a settled one (this
-        fragment's or another's of the same shapes), which nothing reads once its commit has settled it
-        (engine/channel.py), else a new clone; a host snapshot where the adapter has no device copy."""
+        """The fragment's values for a contribution: a device clone into held buffers (those of settled
+        snapshots, which nothing reads once their commit has come: engine/channel.py); a host snapshot
+        where the adapter has no device copy."""
         names = self.plan[fragment]
         if self._clone is None:
             return self.adapter.snapshot(names)
-        if fragment in self.outgoing:  # not settled yet (never, as rounds go): its tensors are the channel's
-            return self._clone(names)
-        into = self._settled_clone(fragment)
-        self._clones[fragment] = self._clone(names) if into is None else self._clone(names, into=into)
-        return dict(self._clones[fragment])  # the channel may replace its entries (by host copies)
+        self.clones.release(keep=lambda q: q in self.outgoing)
+        return self._clone(names, into=self.clones.take(fragment))
 
-    def _settled_clone(self, fragment: int) -> dict | None:
-        """Tensors of a settled snapshot with the fragment's shapes (its own last one first), renamed to
-        its names, to clone into. Settled snapshots beyond in_flight in all are let go, so a node holds
-        about in_flight fragments of clones, not a whole model's (fresh memory costs a page fault per
-        page on a CPU: what is held is reused)."""
-        names, tensors = self.plan[fragment], self.adapter.tensors
-        wanted = sorted(names, key=lambda name: _layout(tensors[name]))
-        settled = sorted((q for q in self._clones if q not in self.outgoing), key=lambda q: q != fragment)
-        into, layouts = None, [_layout(tensors[name]) for name in wanted]
-        for q in settled:
-            theirs = sorted(self._clones[q].values(), key=_layout)
-            if [_layout(t) for t in theirs] == layouts:
-                into = dict(zip(wanted, theirs, strict=True))
-                del self._clones[q]
-                settled.remove(q)
-                break
-        while settled and len(self._clones) >= self.rounds.in_flight:
-            del self._clones[settled.pop()]
-        return into
+    def _scratch(self):
+        """Room for a commit's change, tensor by tensor, in a free clone buffer: applying it allocates nothing."""
+        return self.clones.scratch() if self._clone is not None else None
 
     def sent(self, fragment: int, round_: int, blob: str | None) -> None:
         """The channel's word that the contribution to (fragment, round) is uploaded (any thread)."""
@@ -185,7 +169,8 @@ class Node:
         if alignment.rule == "carry_overlap":
             # θ ← θ + (Θ_new − θ_snapshot), θ_snapshot = anchor − Δ: the steps trained while the round was in
             # flight stay, on top of the commit, and go into the next contribution. Nothing is lost.
-            self.adapter.shift(carry_overlap_change(anchor, arrival.params, self.outgoing[fragment].arrays))
+            delta = self.outgoing[fragment].arrays
+            self.adapter.shift(carry_overlap_change(anchor, arrival.params, delta, self._scratch()))
         elif alignment.rule == "blend":
             self.adapter.blend(arrival.params, self.rounds.mixing)  # θ ← α·θ + (1−α)·Θ (Streaming DiLoCo)
             if alignment.replaced:
@@ -194,7 +179,7 @@ class Node:
                                 f"{alignment.settled.round} was in flight were blended with mixing={self.rounds.mixing}",
                                 {"steps": alignment.replaced}))  # fmt: skip
         else:  # θ ← θ + (Θ_new − Θ_old): keep every local step; the next contribution carries them
-            self.adapter.shift(carry_change(anchor, arrival.params))
+            self.adapter.shift(carry_change(anchor, arrival.params, self._scratch()))
             if (late := alignment.late) is not None and arrival.mine == "rejected":
                 self.emit(Event("own_contribution_rejected", self.node_id,
                                 f"fragment {fragment} round {late.round} was committed without this node's "
@@ -316,12 +301,6 @@ class Node:
                             f"{unconfirmed} fragment-steps in contributions to (fragment, round) {rounds} were not "
                             "committed before leaving; the run may still merge them",
                             {"steps": unconfirmed, "rounds": rounds}))  # fmt: skip
-
-
-def _layout(tensor: object) -> tuple:
-    """What a clone of `tensor` must match to be reused for another: its device, dtype and shape (a copy
-    into a clone of another dtype would cast silently)."""
-    return (str(getattr(tensor, "device", "")), str(getattr(tensor, "dtype", "")), tuple(tensor.shape))
 
 
 def _refuse_sampleless(state: rounds_.NodeState, fragments: tuple[int, ...]) -> None:

@@ -73,16 +73,18 @@ class TorchAdapter:
 
     def clone(self, names: list[str], into: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Float32 copies on the tensors' own device: all a sync step asks of the training thread. The
-        channel moves them to host on its own thread (frameworks/base.py, host_arrays). `into`, the tensors
-        of an earlier clone of the same names, is overwritten instead: a copy without allocating (fresh
-        memory costs a page fault per page on a CPU)."""
+        channel moves them to host on its own thread (frameworks/base.py, host_arrays). `into`, float32
+        tensors of the same names and shapes on the same devices (an earlier clone, or the node's held
+        buffers: engine/clones.py), is overwritten instead: a copy without allocating (fresh memory costs a
+        page fault per page on a CPU)."""
         with torch.no_grad():
             if into is None:
                 return {
                     name: self.tensors[name].detach().to(dtype=torch.float32, copy=True) for name in names
                 }
-            for name in names:
-                into[name].copy_(self.tensors[name])
+            # One call for the fragment: the interpreter lock is let go once, not once per tensor (the
+            # communication thread holds it meanwhile, and each taking back may wait its switch interval).
+            torch._foreach_copy_([into[name] for name in names], [self.tensors[name] for name in names])
             return into
 
     def on_device(self, values: Arrays) -> dict[str, torch.Tensor]:
