@@ -86,9 +86,10 @@ def test_a_trainer_resumed_from_its_checkpoint_commits_what_it_would_have_commit
     assert session.stats.step == 12 and session.stats.samples == 12 * PER_DEVICE * ACCUMULATION
     assert whole_session.stats.versions == session.stats.versions == (3,)
     # The checkpoint's weights, loaded by the Trainer before the session joined, were not merged as training:
-    # the committed model is the uninterrupted run's (float32 sums in another order: 1e-5).
+    # the committed model is the uninterrupted run's, to float32 sums in another order (1.03e-5 seen on one
+    # bias, the losses equal to the last bit; merging the checkpoint's weights as training moves them ~1e-2).
     for (name, a), b in zip(whole.named_parameters(), resumed.parameters(), strict=True):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=name)
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-4, msg=name)
     resumed_steps = [
         entry["step"] for entry in trainer.state.log_history if "loss" in entry and entry["step"] > 6
     ]
