@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ..errors import ConfigError, MailboxError, PayloadError
+from ..errors import ConfigError, MailboxError, MailboxUnavailable, PayloadError
 from ..events import Event
 from ..mailbox.contract import Mailbox
 from . import keys, records
@@ -123,7 +123,10 @@ def refuse_if_live(
     deadline = clock() + 1.5 * interval
     while clock() < deadline:
         sleep(min(0.5, interval / 8))
-        beat, etag = _lease_beat(mailbox, key, etag)
+        try:
+            beat, etag = _lease_beat(mailbox, key, etag)
+        except MailboxUnavailable:  # one look lost to a flaky store: the next looks still watch the beat
+            continue
         if beat is not None and (beat[0] != first[0] or beat[1] > first[1]):
             raise ConfigError(
                 f"node_id={node_id!r} is live in another process: its lease in the mailbox is being renewed. "
