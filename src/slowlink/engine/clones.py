@@ -3,6 +3,7 @@ and touched once at the start, any fragment's tensors laid out as views at a buf
 copies into held memory and never allocates (fresh memory costs a page fault per page on a CPU, allocator
 traffic on a GPU)."""
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -21,7 +22,7 @@ class ClonePool:
         for layout in self.layouts:
             held: dict[torch.device, int] = {}
             for _, device, shape in layout:
-                held[device] = held.get(device, 0) + _numel(shape)
+                held[device] = held.get(device, 0) + math.prod(shape)
             for device, size in held.items():
                 self.sizes[device] = max(self.sizes.get(device, 0), size)
         self.count = max(1, count)
@@ -43,7 +44,7 @@ class ClonePool:
         self.held[fragment] = buffers
         views, offsets = {}, dict.fromkeys(buffers, 0)
         for name, device, shape in self.layouts[fragment]:
-            start, size = offsets[device], _numel(shape)
+            start, size = offsets[device], math.prod(shape)
             views[name] = buffers[device][start : start + size].view(shape)
             offsets[device] = start + size
         return views
@@ -63,17 +64,10 @@ class ClonePool:
 
         def room(name: str) -> torch.Tensor | None:
             device, shape = self.shapes[name]
-            return buffers[device][: _numel(shape)].view(shape) if device in buffers else None
+            return buffers[device][: math.prod(shape)].view(shape) if device in buffers else None
 
         return room
 
     def buffers(self) -> int:
         """How many buffer sets the pool holds, taken or free."""
         return len(self.free) + len(self.held)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    size = 1
-    for extent in shape:
-        size *= extent
-    return size
