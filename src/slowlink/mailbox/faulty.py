@@ -18,14 +18,14 @@ from typing import Any
 
 from ..errors import ConfigError, MailboxUnavailable
 from .contract import Listing, Mailbox, Object, check_key
-from .ignored import IgnoredHook
+from .ignored import Wrapper
 
 VERBS = ("put", "get", "list", "delete")
 WRITES = ("put", "delete")
 FAULT_KINDS = ("error", "error_after_write", "timeout", "timeout_after_write", "partial")
 
 
-class Faulty:
+class Faulty(Wrapper):
     """Wraps `inner`; every verb but `clock` may fail as configured.
 
     error_rate: share of requests that raise MailboxUnavailable at once.
@@ -151,17 +151,6 @@ class Faulty:
         for key in keys:
             check_key(key)
         self._call("delete", ",".join(keys), lambda: self.inner.delete(keys))
-
-    def clock(self) -> float:
-        return self.inner.clock()
-
-    @property
-    def on_ignored(self) -> IgnoredHook:
-        return self.inner.on_ignored  # type: ignore[attr-defined]
-
-    @on_ignored.setter
-    def on_ignored(self, hook: IgnoredHook) -> None:
-        self.inner.on_ignored = hook  # type: ignore[attr-defined]
 
     def __repr__(self) -> str:
         return f"Faulty({self.inner!r}, seed={self.seed}, faults={dict(self.faults)})"

@@ -3,7 +3,8 @@
 A directory can hold symbolic links, FIFOs, sockets, devices and names of odd characters; a bucket can
 hold keys with spaces, '..' or a trailing '/'. A mailbox skips each one and calls its `on_ignored(key,
 reason)` hook the first time it meets it. The default hook logs a warning on the "slowlink" logger; a
-Session replaces it to turn each into an event.
+Session replaces it to turn each into an event. `Wrapper` passes the hook (and the clock) through the
+mailboxes that wrap another (faulty.py, metered.py).
 """
 
 from __future__ import annotations
@@ -49,3 +50,21 @@ class IgnoredKeys:
                 return
             self._reported.add(key)
         hook(key, reason)  # outside the lock: the hook may use the mailbox
+
+
+class Wrapper:
+    """What a mailbox wrapper (faulty.py, metered.py) passes through to the mailbox it wraps, `inner`: its
+    clock, and its `on_ignored` hook, so that reading or setting the hook here reads or sets it there."""
+
+    inner: object
+
+    def clock(self) -> float:
+        return self.inner.clock()  # type: ignore[attr-defined]
+
+    @property
+    def on_ignored(self) -> IgnoredHook:
+        return self.inner.on_ignored  # type: ignore[attr-defined]
+
+    @on_ignored.setter
+    def on_ignored(self, hook: IgnoredHook) -> None:
+        self.inner.on_ignored = hook  # type: ignore[attr-defined]

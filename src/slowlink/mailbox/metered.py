@@ -10,10 +10,10 @@ import threading
 from collections import Counter
 
 from .contract import Listing, Mailbox, Object
-from .ignored import IgnoredHook
+from .ignored import Wrapper
 
 
-class Metered:
+class Metered(Wrapper):
     def __init__(self, inner: Mailbox) -> None:
         self.inner = inner
         self.requests: Counter[str] = Counter()
@@ -51,17 +51,6 @@ class Metered:
         if keys:
             self._count("DELETE", keys[0])
             self.inner.delete(keys)
-
-    def clock(self) -> float:
-        return self.inner.clock()
-
-    @property
-    def on_ignored(self) -> IgnoredHook:
-        return self.inner.on_ignored  # type: ignore[attr-defined]
-
-    @on_ignored.setter
-    def on_ignored(self, hook: IgnoredHook) -> None:
-        self.inner.on_ignored = hook  # type: ignore[attr-defined]
 
     @property
     def total_requests(self) -> int:
