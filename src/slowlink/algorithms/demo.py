@@ -13,6 +13,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from .top_k import top_k_indices
+
 TRANSFORMS = ("dct", "identity", "random")
 SPARSE_AVERAGES = ("contributors", "all")
 VALUES = ("f32", "bf16", "2bit", "sign")
@@ -135,7 +137,7 @@ class Sparse(NamedTuple):
 
 def top_k(coefficients: torch.Tensor, k: int) -> Sparse:
     """The k largest |coefficients| of each chunk (all of them when the chunk holds k or fewer)."""
-    picked = coefficients.abs().topk(min(k, coefficients.shape[1]), dim=1, sorted=True).indices
+    picked = top_k_indices(coefficients.abs(), min(k, coefficients.shape[1]))  # torch.topk's, faster
     return Sparse(picked, coefficients.gather(1, picked))
 
 
