@@ -238,6 +238,9 @@ def stack_chunks(tensors: dict[str, torch.Tensor], group: Group) -> torch.Tensor
     place (and into float32 on the way: the transform of a bf16 gradient in bf16 would lose its digits)."""
     like = tensors[group.names[0]]
     h, w = group.layouts[0].h, group.layouts[0].w
+    if h == 1 and all(tensors[name].dtype == torch.float32 for name in group.names):
+        # Rows of one: a tensor's chunks are its runs of w values, the stack the tensors end to end (one cat)
+        return torch.cat([tensors[name].reshape(-1) for name in group.names]).view(-1, 1, w)
     blocks, at = like.new_empty((group.chunks, h, w), dtype=torch.float32), 0
     for name, layout in zip(group.names, group.layouts, strict=True):
         r, c = layout.rows // h, layout.cols // w
