@@ -156,9 +156,13 @@ def sparse_average(gathered: Sparse, chunk_numel: int, how: str) -> torch.Tensor
     total = values.new_zeros(chunks, chunk_numel).scatter_add_(1, indices, values)
     if how == "all":
         return total.div_(max(nodes, 1))
-    counts = values.new_zeros(chunks, chunk_numel).scatter_add_(1, indices, torch.ones_like(values))
+    # Counts in bytes where they fit (a quarter of the memory to clear and add into); exact small integers
+    # either way, so the quotients are the same
+    tally = torch.uint8 if nodes < 256 else torch.int32
+    counts = indices.new_zeros((chunks, chunk_numel), dtype=tally)
+    counts.scatter_add_(1, indices, torch.ones(indices.shape, dtype=tally, device=indices.device))
     # total / counts where anything was picked (elsewhere 0 already), without a pass over every coefficient
-    return total.scatter_(1, indices, total.gather(1, indices) / counts.gather(1, indices))
+    return total.scatter_(1, indices, total.gather(1, indices) / counts.gather(1, indices).to(values.dtype))
 
 
 def _group_reduce(
