@@ -10,8 +10,9 @@ import torch
 def _split(n: int, k: int) -> int | None:
     """How many disjoint strided slices of a row to take the maxima of: the smallest divisor of n that is at
     least 2k (k maxima then bound the k-th largest well) and 64 (fewer makes torch's strided max slow), when
-    each slice still holds 16 or more values. None below k = 16, where torch.topk's heap is as fast."""
-    return next((s for s in range(max(2 * k, 64), n // 16 + 1) if n % s == 0), None) if k >= 16 else None
+    each slice still holds 16 or more values. On a momentum's DCT chunks this pays from k = 1 (1.3 ms to
+    0.85 ms for 204 chunks of 4096), on Gaussian noise it breaks even at k = 1 and gains from k = 8."""
+    return next((s for s in range(max(2 * k, 64), n // 16 + 1) if n % s == 0), None)
 
 
 def _lower_bound(magnitudes: torch.Tensor, slices: int, k: int) -> np.ndarray:
