@@ -25,6 +25,15 @@ def _unpack_planes(data: bytes, count: int, bits: int) -> np.ndarray:
     return planes.astype(np.int64) @ (np.int64(1) << np.arange(bits - 1, -1, -1, dtype=np.int64))
 
 
+def _byte_fields(bits: int) -> np.ndarray:
+    """(256, 8 / bits) int64: the fields of each byte, most significant first."""
+    shifts = np.arange(8 - bits, -1, -bits, dtype=np.int64)
+    return (np.arange(256, dtype=np.int64)[:, None] >> shifts) & ((1 << bits) - 1)
+
+
+BYTE_FIELDS = {bits: _byte_fields(bits) for bits in (1, 2, 4)}
+
+
 def pack_uints(numbers: np.ndarray, bits: int) -> bytes:
     """`numbers` (each below 2**bits) as `bits`-bit fields: ceil(count·bits / 8) bytes."""
     numbers = np.asarray(numbers).ravel()
@@ -44,6 +53,9 @@ def pack_uints(numbers: np.ndarray, bits: int) -> bytes:
 
 def unpack_uints(data: bytes, count: int, bits: int) -> np.ndarray:
     """(count,) int64 from the front of `data` (at least ceil(count·bits / 8) bytes), as pack_uints wrote."""
+    if bits in BYTE_FIELDS:  # several fields a byte (2-bit codes, sign bits): one table look-up a byte
+        used = np.frombuffer(data, np.uint8, -(-count * bits // 8))
+        return BYTE_FIELDS[bits][used].ravel()[:count]
     fields = _fields_per_word(bits)
     if fields is None:
         return _unpack_planes(data, count, bits)
