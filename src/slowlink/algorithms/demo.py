@@ -201,7 +201,13 @@ def quantize(
         return torch.where(values >= 0, s, -s)
     s = _group_reduce(values.abs(), scale, "max", owners)
     codes = torch.round((values / torch.where(s > 0, s, 1.0) + 1.0) * 1.5).clamp(0, 3).long()
-    return torch.tensor(TWO_BIT_LEVELS, dtype=values.dtype, device=values.device)[codes] * s
+    return _two_bit_levels(values.dtype, values.device)[codes] * s
+
+
+@lru_cache(maxsize=16)
+def _two_bit_levels(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """TWO_BIT_LEVELS as a tensor, made once (a tensor from a tuple each step costs as much as the look-up)."""
+    return torch.tensor(TWO_BIT_LEVELS, dtype=dtype, device=device)
 
 
 class Group(NamedTuple):
