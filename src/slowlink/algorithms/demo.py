@@ -13,6 +13,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from .top_k import top_k_indices
+
 TRANSFORMS = ("dct", "identity", "random")
 SPARSE_AVERAGES = ("contributors", "all")
 VALUES = ("f32", "bf16", "2bit", "sign")
@@ -135,7 +137,7 @@ class Sparse(NamedTuple):
 
 def top_k(coefficients: torch.Tensor, k: int) -> Sparse:
     """The k largest |coefficients| of each chunk (all of them when the chunk holds k or fewer)."""
-    picked = coefficients.abs().topk(min(k, coefficients.shape[1]), dim=1, sorted=True).indices
+    picked = top_k_indices(coefficients.abs(), min(k, coefficients.shape[1]))  # torch.topk's, faster
     return Sparse(picked, coefficients.gather(1, picked))
 
 
@@ -154,9 +156,13 @@ def sparse_average(gathered: Sparse, chunk_numel: int, how: str) -> torch.Tensor
     total = values.new_zeros(chunks, chunk_numel).scatter_add_(1, indices, values)
     if how == "all":
         return total.div_(max(nodes, 1))
-    counts = values.new_zeros(chunks, chunk_numel).scatter_add_(1, indices, torch.ones_like(values))
+    # Counts in bytes where they fit (a quarter of the memory to clear and add into); exact small integers
+    # either way, so the quotients are the same
+    tally = torch.uint8 if nodes < 256 else torch.int32
+    counts = indices.new_zeros((chunks, chunk_numel), dtype=tally)
+    counts.scatter_add_(1, indices, torch.ones(indices.shape, dtype=tally, device=indices.device))
     # total / counts where anything was picked (elsewhere 0 already), without a pass over every coefficient
-    return total.scatter_(1, indices, total.gather(1, indices) / counts.gather(1, indices))
+    return total.scatter_(1, indices, total.gather(1, indices) / counts.gather(1, indices).to(values.dtype))
 
 
 def _group_reduce(
@@ -195,7 +201,13 @@ def quantize(
         return torch.where(values >= 0, s, -s)
     s = _group_reduce(values.abs(), scale, "max", owners)
     codes = torch.round((values / torch.where(s > 0, s, 1.0) + 1.0) * 1.5).clamp(0, 3).long()
-    return torch.tensor(TWO_BIT_LEVELS, dtype=values.dtype, device=values.device)[codes] * s
+    return _two_bit_levels(values.dtype, values.device)[codes] * s
+
+
+@lru_cache(maxsize=16)
+def _two_bit_levels(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """TWO_BIT_LEVELS as a tensor, made once (a tensor from a tuple each step costs as much as the look-up)."""
+    return torch.tensor(TWO_BIT_LEVELS, dtype=dtype, device=device)
 
 
 class Group(NamedTuple):
@@ -236,6 +248,9 @@ def stack_chunks(tensors: dict[str, torch.Tensor], group: Group) -> torch.Tensor
     place (and into float32 on the way: the transform of a bf16 gradient in bf16 would lose its digits)."""
     like = tensors[group.names[0]]
     h, w = group.layouts[0].h, group.layouts[0].w
+    if h == 1 and all(tensors[name].dtype == torch.float32 for name in group.names):
+        # Rows of one: a tensor's chunks are its runs of w values, the stack the tensors end to end (one cat)
+        return torch.cat([tensors[name].reshape(-1) for name in group.names]).view(-1, 1, w)
     blocks, at = like.new_empty((group.chunks, h, w), dtype=torch.float32), 0
     for name, layout in zip(group.names, group.layouts, strict=True):
         r, c = layout.rows // h, layout.cols // w

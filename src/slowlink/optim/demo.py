@@ -114,6 +114,9 @@ class DeMo(torch.optim.Optimizer):
         self.refusals: list[tuple[int, str, str]] = []  # (node, tensor, reason), every step's
         # The frame holds one part per group of tensors with one chunk shape (algorithms/demo.groups_of).
         self._groups = groups_of(tuple((name, tuple(p.shape)) for name, p, _ in self._named()), chunk)
+        # Each group's chunks per tensor and its segments, worked out once: a step asks for them many times.
+        self._splits = [tuple(layout.chunks for layout in g.layouts) for g in self._groups]
+        self._segments_of = [self._segments(g) for g in self._groups]
         self._max_bytes = frame_size([
             packed_size(g.chunks, self._k(g), g.chunk_numel, values, value_scale, self._segments(g))
             for g in self._groups
@@ -167,8 +170,8 @@ class DeMo(torch.optim.Optimizer):
         )
         parts = [
             encode_sparse(s.indices.cpu().numpy(), s.values.float().cpu().numpy(), group.chunk_numel,
-                          values_as=self.values, scale=self.value_scale, segments=self._segments(group))
-            for group, s in zip(self._groups, sent, strict=True)
+                          values_as=self.values, scale=self.value_scale, segments=segments)
+            for group, segments, s in zip(self._groups, self._segments_of, sent, strict=True)
         ]  # fmt: skip
         payload = encode_frame(self._step, parts)
         self._sent = len(payload)
@@ -186,19 +189,31 @@ class DeMo(torch.optim.Optimizer):
         directions, state = self._math.direction(gathered, self._pending)
         self._pending = None
         self._keep(state)
-        params = {name: (p, group) for name, p, group in self._named()}
-        for group, signs in zip(state.groups, directions, strict=True):
-            pieces = signs.split([layout.chunks for layout in group.layouts])
-            for name, piece, layout in zip(group.names, pieces, group.layouts, strict=True):
-                p, options = params[name]
-                if options["weight_decay"]:
-                    p.mul_(1.0 - options["lr"] * options["weight_decay"])
-                _add_chunks_(p, piece, layout, -options["lr"])
+        self._sign_step(state.groups, directions)
         self._step = state.step
         self.stats["steps"] += 1
         self.stats["sent_bytes"] += self._sent
         self.stats["received_bytes"] += sum(len(row) for row in rows if row is not None)  # its own included
         self.stats["missing"] += sum(row is None for row in rows)
+
+    def _sign_step(self, groups: tuple[Group, ...], directions: list[torch.Tensor]) -> None:
+        """p ← p·(1 − lr·wd) − lr·sign(u), each tensor from its chunks of its group's stack: one foreach call
+        per learning rate and weight decay, not two calls a tensor (the same adds, in C++'s loop)."""
+        params = {name: (p, group) for name, p, group in self._named()}
+        decays: dict[float, list[torch.Tensor]] = {}
+        steps: dict[float, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
+        for group, splits, signs in zip(groups, self._splits, directions, strict=True):
+            for name, piece, layout in zip(group.names, signs.split(splits), group.layouts, strict=True):
+                p, options = params[name]
+                if options["weight_decay"]:
+                    decays.setdefault(1.0 - options["lr"] * options["weight_decay"], []).append(p)
+                targets, updates = steps.setdefault(-options["lr"], ([], []))
+                targets.append(_chunk_view(p, layout) if p.is_contiguous() else p)
+                updates.append(_as_chunks(piece, layout) if p.is_contiguous() else from_chunks(piece, layout))
+        for factor, tensors in decays.items():
+            torch._foreach_mul_(tensors, factor)
+        for alpha, (targets, updates) in steps.items():
+            torch._foreach_add_(targets, updates, alpha=alpha)
 
     def _momentum(self, named: list[tuple[str, torch.Tensor, dict]]) -> DeMoState:
         """The momentum's coefficients as the math takes them: the stacks kept at the last step while each
@@ -223,10 +238,8 @@ class DeMo(torch.optim.Optimizer):
         """Each tensor's state holds its rows of its group's stack (a view: nothing is copied)."""
         params = {name: p for name, p, _ in self._named()}
         self._held, self._views = state, {}
-        for group, stack in zip(state.groups, state.momentum, strict=True):
-            for name, rows in zip(
-                group.names, stack.split([lay.chunks for lay in group.layouts]), strict=True
-            ):
+        for group, splits, stack in zip(state.groups, self._splits, state.momentum, strict=True):
+            for name, rows in zip(group.names, stack.split(splits), strict=True):
                 self.state[params[name]][MOMENTUM], self.state[params[name]]["step"] = rows, state.step
                 self._views[name] = rows
 
@@ -259,22 +272,26 @@ class DeMo(torch.optim.Optimizer):
     def _decode_row(self, row: bytes) -> list[tuple[np.ndarray, np.ndarray]]:
         parts = decode_frame(row, step=self._step, tensors=len(self._groups))
         decoded = []
-        for part, group in zip(parts, self._groups, strict=True):
+        for part, group, splits, segments in zip(
+            parts, self._groups, self._splits, self._segments_of, strict=True
+        ):
             try:
-                decoded.append(decode_sparse(part, chunks=group.chunks, k=self._k(group),
-                                             chunk_numel=group.chunk_numel, segments=self._segments(group)))  # fmt: skip
+                decoded.append(decode_sparse(part, chunks=sum(splits), k=self._k(group),
+                                             chunk_numel=group.chunk_numel, segments=segments))  # fmt: skip
             except PayloadError as error:
                 raise PayloadError(_group_name(group), str(error)) from None
         return decoded
 
 
-def _add_chunks_(p: torch.Tensor, blocks: torch.Tensor, layout: ChunkLayout, alpha: float) -> None:
-    """p += alpha·(the tensor whose chunks are `blocks`): in place through a strided view, no copy of it."""
-    if not p.is_contiguous():
-        p.add_(from_chunks(blocks, layout), alpha=alpha)
-        return
+def _chunk_view(p: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """A contiguous tensor as (r, h, c, w): chunk (i, j) is [i, :, j, :], a view, nothing copied."""
+    return p.view(layout.rows // layout.h, layout.h, layout.cols // layout.w, layout.w)
+
+
+def _as_chunks(blocks: torch.Tensor, layout: ChunkLayout) -> torch.Tensor:
+    """(chunks, h, w) blocks seen as _chunk_view's (r, h, c, w), strided: what adds to it in place."""
     r, c, h, w = layout.rows // layout.h, layout.cols // layout.w, layout.h, layout.w
-    p.view(r, h, c, w).add_(blocks.view(r, c, h, w).permute(0, 2, 1, 3), alpha=alpha)
+    return blocks.view(r, c, h, w).permute(0, 2, 1, 3)
 
 
 def _group_name(group: Group) -> str:

@@ -15,6 +15,7 @@ import struct
 import numpy as np
 
 from ..errors import PayloadError
+from .bits import pack_uints, unpack_uints
 
 PREFIX = struct.Struct("<B")
 
@@ -31,18 +32,12 @@ def best_parameter(gaps: np.ndarray, index_bits: int) -> tuple[int, int]:
     flat = gaps.ravel()
     guess = int(np.log2(max(float(flat.mean()), 1.0))) if flat.size else 0
     tries = range(max(0, guess - 1), min(index_bits, guess + 1) + 1)
-    b = min(tries, key=lambda b: int((flat >> b).sum()) + flat.size * (b + 1))
-    return b, int((flat >> b).sum()) + flat.size * (b + 1)
+    return min(((b, int((flat >> b).sum()) + flat.size * (b + 1)) for b in tries), key=lambda c: c[1])
 
 
 def rice_size(count: int, b: int, bits: int) -> int:
     """Bytes of the coded indices: the prefix, the unary quotients and the remainders, each padded to a byte."""
     return PREFIX.size + -(-(bits - count * b) // 8) + -(-count * b // 8)
-
-
-def _pack_uints(numbers: np.ndarray, bits: int) -> bytes:
-    shifts = np.arange(bits - 1, -1, -1, dtype=np.int64)
-    return np.packbits(((numbers[:, None] >> shifts) & 1).astype(np.uint8)).tobytes()
 
 
 def encode_rice(sorted_indices: np.ndarray, b: int) -> bytes:
@@ -51,8 +46,18 @@ def encode_rice(sorted_indices: np.ndarray, b: int) -> bytes:
     unary = np.ones(int(quotients.sum()) + flat.size, np.uint8)
     unary[np.cumsum(quotients + 1) - 1] = 0  # each code's terminating zero
     unary_bytes = np.packbits(unary).tobytes()
-    remainders = _pack_uints(flat & ((1 << b) - 1), b) if b else b""
+    remainders = pack_uints(flat & ((1 << b) - 1), b) if b else b""
     return PREFIX.pack(b) + unary_bytes + remainders
+
+
+ZERO_BITS = np.array([8 - bin(byte).count("1") for byte in range(256)], np.int64)  # a byte's zero bits
+
+
+def _unary_bytes(body: np.ndarray, count: int) -> np.ndarray:
+    """The front of `body` that holds the unary quotients' `count` zeros (all of it when it holds fewer): what
+    is unpacked to bits, not the remainders and values after it."""
+    zeros = np.cumsum(ZERO_BITS[body])
+    return body[: int(np.searchsorted(zeros, count)) + 1] if count else body[:0]
 
 
 def decode_rice(data: bytes, chunks: int, k: int, index_bits: int) -> tuple[np.ndarray, int]:
@@ -63,7 +68,7 @@ def decode_rice(data: bytes, chunks: int, k: int, index_bits: int) -> tuple[np.n
     (b,) = PREFIX.unpack_from(data)
     if b > index_bits:
         raise PayloadError(f"Rice parameter {b} cannot be this tensor's: its indices take {index_bits} bits")
-    unary = np.unpackbits(np.frombuffer(data, np.uint8, offset=PREFIX.size))
+    unary = np.unpackbits(_unary_bytes(np.frombuffer(data, np.uint8, offset=PREFIX.size), count))
     ends = np.flatnonzero(unary == 0)[:count]
     if ends.size < count:
         raise PayloadError(
@@ -79,9 +84,6 @@ def decode_rice(data: bytes, chunks: int, k: int, index_bits: int) -> tuple[np.n
     end = start + -(-count * b // 8)
     if end > len(data):
         raise PayloadError("the Rice-coded indices are truncated in their remainders")
-    remainders = np.zeros(count, np.int64)
-    if b:
-        planes = np.unpackbits(np.frombuffer(data, np.uint8, end - start, start), count=count * b)
-        remainders = planes.reshape(count, b).astype(np.int64) @ (np.int64(1) << np.arange(b - 1, -1, -1))
+    remainders = unpack_uints(data[start:end], count, b) if b else np.zeros(count, np.int64)
     gaps = ((quotients.astype(np.int64) << b) | remainders).reshape(chunks, k)
     return np.cumsum(gaps + 1, axis=1) - 1, end
