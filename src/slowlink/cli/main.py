@@ -54,6 +54,12 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         help="sequences per step (%(default)s)",
     )
     option(
+        "--quorum",
+        type=int,
+        metavar="Q",
+        help="contributions a round waits for, 1 (sl.DiLoCo's default) to --workers (default: every node)",
+    )
+    option(
         "--mailbox", metavar="PATH", help="an empty folder for the run's mailbox (a temporary one if omitted)"
     )
     option(
@@ -81,6 +87,7 @@ def _demo(args: argparse.Namespace) -> int:
         sync_every=args.sync_every,
         fragments=args.fragments,
         batch_size=args.batch_size,
+        quorum=args.quorum,
         model=args.model,
         seed=args.seed,
         mailbox=args.mailbox,
