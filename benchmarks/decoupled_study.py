@@ -209,6 +209,7 @@ def plot(rows: list[dict], single: float) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     figure, axes = plt.subplots(1, len(ROUND_IN_SYNCS), figsize=(13, 4), sharey=True)
     colors = {"barrier": "black", "averaging": "tab:green", "no damping (before)": "tab:red",
@@ -225,10 +226,13 @@ def plot(rows: list[dict], single: float) -> None:
         axis.axhline(single, color="grey", linestyle=":", label="one node alone")
         axis.set(title=f"round = {round_in_syncs:g}·H steps", xlabel="nodes", xscale="log", yscale="log")
         axis.set_xticks([2, 4, 8], ["2", "4", "8"])
-    axes[0].set_ylabel("held-out MSE of the committed model (study workload)")
-    axes[-1].legend(fontsize=7)
+        axis.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())  # only the node counts on a log axis
+    axes[0].set_ylabel("held-out MSE, committed model\n(study workload)")
+    axes[-1].legend(
+        fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0)
+    )  # beside the panels, not on them
     figure.tight_layout()
-    figure.savefig(PLOT, dpi=110)
+    figure.savefig(PLOT, dpi=110, bbox_inches="tight")
 
 
 def report(rows: list[dict], workload: str, single: float) -> str:
