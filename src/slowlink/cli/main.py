@@ -53,12 +53,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         default=defaults.batch_size,
         help="sequences per step (%(default)s)",
     )
-    option(
-        "--quorum",
-        type=int,
-        metavar="Q",
-        help="contributions a round waits for, 1 (sl.DiLoCo's default) to --workers (default: every node)",
-    )
+    option("--quorum", type=int, metavar="Q", help="contributions a round waits for, 1 to M (default: M)")
     option(
         "--mailbox", metavar="PATH", help="an empty folder for the run's mailbox (a temporary one if omitted)"
     )
