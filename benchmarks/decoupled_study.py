@@ -3,6 +3,7 @@ model and simulated wall time, over node counts, speed mixes and store latencies
 
     python benchmarks/decoupled_study.py           # 2, 4, 8 nodes, both workloads; about 15 minutes on one core
     python benchmarks/decoupled_study.py --quick   # 2 nodes only; about a minute; writes nothing
+    python benchmarks/decoupled_study.py --cells cells.jsonl   # resumable: finished cells are kept there
 
 Two workloads. "study": an MLP (16-64-64-1, tanh) regressing a fixed random tanh teacher plus noise, each node
 on its own seeded stream of batches of 32, AdamW lr 1e-3. "s3": the real runs' (s3_requests.py,
@@ -17,6 +18,7 @@ node to leave holds. "slow share": the slow nodes' share of the samples the defa
 
 import argparse
 import functools
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -152,8 +154,27 @@ def simulate(
             "fast_stalled": sum(seconds for _, seconds, why in fastest.stalls if why != "leaving"), "slow_share": slow_share}  # fmt: skip
 
 
-def study(node_counts: list[int], rounds: tuple[float, ...], chosen: list[str], workload: str) -> list[dict]:
-    rows = []
+def _key(row: dict) -> tuple:
+    return row["workload"], row["nodes"], row["speeds"], row["round"], row["arm"]
+
+
+def _load_cells(path: Path | None) -> dict[tuple, dict]:
+    """Cells a run already finished (--cells): one JSON row a line, keyed by workload, nodes, speeds, round, arm."""
+    if path is None or not path.exists():
+        return {}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {_key(row): row for row in rows}
+
+
+def study(
+    node_counts: list[int],
+    rounds: tuple[float, ...],
+    chosen: list[str],
+    workload: str,
+    cells: Path | None = None,
+) -> list[dict]:
+    """Every cell's row; with `cells`, those already in that file are read back, and each new one appended."""
+    rows, done = [], _load_cells(cells)
     for nodes in node_counts:
         for mix, speeds in (
             ("1:1", [1.0] * nodes),
@@ -171,9 +192,15 @@ def study(node_counts: list[int], rounds: tuple[float, ...], chosen: list[str], 
                         "round": round_in_syncs,
                         "arm": arm,
                     }
+                    if _key(row) in done:
+                        rows.append(done[_key(row)])
+                        continue
                     row.update(simulate(method, nodes, speeds, round_in_syncs, workload))
                     print(f"{row}  ({time.perf_counter() - started:.1f} s)", flush=True)
                     rows.append(row)
+                    if cells is not None:
+                        with cells.open("a") as file:
+                            file.write(json.dumps(row) + "\n")
     return rows
 
 
@@ -182,6 +209,7 @@ def plot(rows: list[dict], single: float) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     figure, axes = plt.subplots(1, len(ROUND_IN_SYNCS), figsize=(13, 4), sharey=True)
     colors = {"barrier": "black", "averaging": "tab:green", "no damping (before)": "tab:red",
@@ -198,10 +226,13 @@ def plot(rows: list[dict], single: float) -> None:
         axis.axhline(single, color="grey", linestyle=":", label="one node alone")
         axis.set(title=f"round = {round_in_syncs:g}·H steps", xlabel="nodes", xscale="log", yscale="log")
         axis.set_xticks([2, 4, 8], ["2", "4", "8"])
-    axes[0].set_ylabel("held-out MSE of the committed model (study workload)")
-    axes[-1].legend(fontsize=7)
+        axis.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())  # only the node counts on a log axis
+    axes[0].set_ylabel("held-out MSE, committed model\n(study workload)")
+    axes[-1].legend(
+        fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0)
+    )  # beside the panels, not on them
     figure.tight_layout()
-    figure.savefig(PLOT, dpi=110)
+    figure.savefig(PLOT, dpi=110, bbox_inches="tight")
 
 
 def report(rows: list[dict], workload: str, single: float) -> str:
@@ -235,6 +266,11 @@ def main() -> None:
         "--rounds", default=",".join(map(str, ROUND_IN_SYNCS)), help="round lengths in H steps"
     )
     parser.add_argument("--workloads", default="study,s3", help="study (2, 4, 8 nodes) and/or s3 (2 nodes)")
+    parser.add_argument(
+        "--cells",
+        type=Path,
+        help="a JSON-lines file of finished cells: read back, and each new cell appended (resume)",
+    )
     args = parser.parse_args()
     chosen, workloads = args.arms.split(","), args.workloads.split(",")
     if unknown := set(chosen) - set(arms(2)):
@@ -247,7 +283,7 @@ def main() -> None:
         single = alone(workload=workload)
         print(f"{workload}: one node alone: {single:.4f}")
         nodes = [2] if args.quick or workload == "s3" else [int(n) for n in args.nodes.split(",")]
-        rows += study(nodes, rounds, chosen, workload)
+        rows += study(nodes, rounds, chosen, workload, args.cells)
         bodies.append(report(rows, workload, single))
         print(bodies[-1])
     whole = (

@@ -19,6 +19,7 @@ DEMO_OPTIONS = [
     "--sync-every",
     "--fragments",
     "--batch-size",
+    "--quorum",
     "--mailbox",
     "--out",
     "--model",
@@ -57,6 +58,14 @@ def test_a_non_empty_mailbox_folder_is_refused_before_any_process_starts(tmp_pat
 def test_a_config_rejects_steps_below_one():
     with pytest.raises(slowlink.ConfigError, match="--steps 0 must be at least 1"):
         DemoConfig(steps=0)
+
+
+def test_a_quorum_beyond_the_node_count_is_refused_with_both_named(capsys):
+    assert main(["demo", "--workers", "2", "--quorum", "3"]) == 1
+    error = capsys.readouterr().err
+    assert "--quorum 3" in error and "--workers 2" in error
+    with pytest.raises(slowlink.ConfigError, match="--quorum 0 must be between 1 and --workers 2"):
+        DemoConfig(quorum=0)
 
 
 def test_loss_at_equal_wall_time_interpolates_linearly_and_clamps_at_the_ends():

@@ -53,6 +53,7 @@ def _add_demo(commands: argparse._SubParsersAction) -> None:
         default=defaults.batch_size,
         help="sequences per step (%(default)s)",
     )
+    option("--quorum", type=int, metavar="Q", help="contributions a round waits for, 1 to M (default: M)")
     option(
         "--mailbox", metavar="PATH", help="an empty folder for the run's mailbox (a temporary one if omitted)"
     )
@@ -81,6 +82,7 @@ def _demo(args: argparse.Namespace) -> int:
         sync_every=args.sync_every,
         fragments=args.fragments,
         batch_size=args.batch_size,
+        quorum=args.quorum,
         model=args.model,
         seed=args.seed,
         mailbox=args.mailbox,

@@ -34,6 +34,7 @@ class DemoConfig:
     sync_every: int = 25
     fragments: int = 2
     batch_size: int = 8
+    quorum: int | None = None  # contributions a round waits for; None: every node's (quorum_size = workers)
     model: str = "small"
     seed: int = 0
     mailbox: str | None = None  # a folder for the DirMailbox; None: a temporary one
@@ -49,6 +50,11 @@ class DemoConfig:
             raise ConfigError(
                 f"--fragments {self.fragments} exceeds --sync-every {self.sync_every}: each fragment syncs once "
                 "every sync_every steps on its own phase, so use at most sync_every fragments"
+            )
+        if self.quorum is not None and not 1 <= self.quorum <= self.workers:
+            raise ConfigError(
+                f"--quorum {self.quorum} must be between 1 and --workers {self.workers}: a round cannot wait for "
+                "more contributions than there are nodes (leave it out to wait for every node)"
             )
         if self.model not in ("small", "tiny"):
             raise ConfigError(f"--model {self.model!r} is unknown; choose small or tiny")
@@ -188,11 +194,11 @@ def _open_session(config: DemoConfig, model, name: str, mailbox: str, events: Pa
         queue.put({"kind": "event", "node": name, "event": event.kind, "message": event.message})
 
     # flush_on_close: the steps trained after a fragment's last sync reach the final model too.
-    # quorum_size: every round waits for every node, as in DiLoCo; a node never waits for a round.
+    # quorum_size: by default every round waits for every node, as in DiLoCo; a node never waits for a round.
     algorithm = sl.DiLoCo(
         sync_every=config.sync_every,
         fragments=config.fragments,
-        quorum_size=config.workers,
+        quorum_size=config.workers if config.quorum is None else config.quorum,
         flush_on_close=True,
     )
     return sl.Session(
