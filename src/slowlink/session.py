@@ -226,6 +226,8 @@ class Session:
                     self.courier.failure = None  # raised once already; leaving still tries its best
                 if self.island is not None:
                     self.island.closing = True  # every rank now asks rank 0 at each step, and reads its clock
+                if (closing := getattr(self.courier, "closing", None)) is not None:
+                    closing()  # the courier looks for the commits leaving waits for at a leaving node's pace
                 self.node.finish(self.close_timeout)
         finally:
             self.courier.stop()

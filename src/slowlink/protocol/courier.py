@@ -36,6 +36,7 @@ from .run import Run, advance_head, probe_newest, read_commit
 
 BACKOFF = 1.25  # each turn without news waits this much longer: news is seen late by at most a quarter
 WATCH_SECONDS = 2.0  # how stale the leases may be for closing a round early, or leader.json for one waiting
+CLOSING_SECONDS = 0.1  # while the node leaves: how often it looks for the commits it waits for (closing())
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ class Courier:
         self.head = [version for version, _ in (latest[q] for q in range(len(run.plan)))]  # moved in place
         self.feed = CommitFeed(mailbox, run, node_id, emit, latest, self.head, self._deliver, clock.now)
         self._stopping = threading.Event()
+        self._closing = False  # the node leaves, and waits for the commits of its rounds in flight
+        self._head_unsure = False  # a leader's turn failed: stop() probes for commits self.head lacks
         self._thread = threading.Thread(target=self._loop, name=f"slowlink-{node_id}", daemon=True)
 
     @property
@@ -115,6 +118,12 @@ class Courier:
         self._leases_wanted.set()
         self.wake.set()
 
+    def closing(self) -> None:
+        """The node leaves and waits for the commits of its contributions in flight: look for them (as the
+        merger, at its open rounds) every CLOSING_SECONDS, not at the pace of their recent latency."""
+        self._closing = True
+        self.wake.set()
+
     def stop(self) -> None:
         """Stop the thread, then leave: finish an unnamed commit, release the leadership, drop the lease.
         A second Ctrl-C while waiting for the thread stops the wait, not the leaving: each part still
@@ -128,7 +137,9 @@ class Courier:
             interrupted = error
         leaving = [self.leadership.release, lambda: self.mailbox.delete([keys.node(self.node_id)])]
         if self.leadership.is_leader and interrupted is None:  # first, a commit head.json does not name yet
-            leaving[:0] = [self._recover_head, lambda: self.merger.leave(list(self.head))]
+            leaving[:0] = [lambda: self.merger.leave(list(self.head))]
+            if self._head_unsure:  # only a failed turn (a merge, a recovery) can leave a commit unnamed
+                leaving.insert(0, self._recover_head)
         for part in leaving:  # each its own chance: nobody should wait a lease for a node that left
             try:
                 part()
@@ -183,8 +194,10 @@ class Courier:
                 self.turn()
                 self._quiet_turns = 0 if self._news else self._quiet_turns + 1
             except (MailboxError, PayloadError) as error:
+                self._head_unsure |= self.leadership.is_leader  # a commit may be written that self.head lacks
                 self.emit(Event("mailbox_error", self.node_id, str(error), {"error": type(error).__name__}))
             except BaseException as error:  # a bug: hand it to the training thread, which raises it
+                self._head_unsure |= self.leadership.is_leader
                 self.failure = error
                 return
             self.clock.wait(self.wake, self._pause())
@@ -197,6 +210,8 @@ class Courier:
         between_syncs = self.status().step_seconds * self._syncs_every
         longest = min(self.beat_seconds, max(self.poll_seconds, between_syncs / 4))
         pause = min(longest, self.poll_seconds * BACKOFF ** min(self._quiet_turns, 64))
+        if self._closing:
+            pause = min(pause, CLOSING_SECONDS)
         if self.leadership.is_leader:  # a merger turns when a round it waits for can close (looks.py)
             pause = min(pause, max(0.005, self.merger.next_look_at - self.clock.now()))
         return pause
@@ -216,7 +231,7 @@ class Courier:
             self.feed.poll_head(None if self.leadership.is_leader else self.sent)
         elif not self.leadership.is_leader:
             for fragment in sorted(awaiting & set(self.sent)):
-                if self.feed.due(fragment):
+                if self._closing or self.feed.due(fragment):
                     self.feed.catch_up(fragment, awaited=self.sent)
         if now - self.leases.beaten_at >= self.beat_seconds:
             self._beat_lease()
@@ -368,6 +383,7 @@ class Courier:
             if round_ > self.head[fragment]:
                 self.merger.head_written = advance_head(self.mailbox, list(self.head), fragment, round_)
                 self.feed.fetch(fragment, round_)
+        self._head_unsure = False
 
     def _merge(self) -> None:
         # Only fragments whose newest commit this node holds: it builds on nothing older.
@@ -375,6 +391,8 @@ class Courier:
         between_syncs = self.status().step_seconds * self._syncs_every  # others' contributions come as often
         self.merger.looks.poll_seconds = self.poll_seconds
         self.merger.looks.look_seconds = min(self.watch_seconds, max(self.poll_seconds, between_syncs))
+        if self._closing:
+            self.merger.looks.look_seconds = min(self.merger.looks.look_seconds, CLOSING_SECONDS)
         for committed in self.merger.step(ready, self.live_nodes, self.head):
             self.head[committed.fragment] = committed.round
             self._deliver(committed.fragment, committed.round, committed.params, committed.record)
