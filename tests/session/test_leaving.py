@@ -106,3 +106,21 @@ def test_a_merger_whose_turn_failed_after_a_commit_names_that_commit_when_it_lea
     assert min(newest) >= 4
     assert_consistent(mailbox, [list(sessions[0].stats.versions)])
     assert spent["node-0"][1]["GET commits/"] >= 2  # it probed each fragment for the commits it may have left
+
+
+def test_a_leaving_merger_tidies_once_as_it_leaves_not_between_its_last_commits():
+    from slowlink.mailbox.metered import Metered
+    from slowlink.protocol.housekeeping import TIDY_SECONDS, Housekeeping
+
+    mailbox, now = Metered(sl.MemoryMailbox()), [0.0]
+    housekeeping = Housekeeping(mailbox, 2, "node-0", lambda event: None, lambda: now[0])
+    garbage = keys.blob("ab" * 32)
+    mailbox.put(garbage, b"an old commit's blob")
+    housekeeping.garbage.add(garbage)
+    now[0] = TIDY_SECONDS + 1  # a tidy is due
+    housekeeping.leaving = True
+    before = sum(mailbox.kinds.values())
+    housekeeping.tidy()  # a commit while leaving: its requests stay off the path of the rounds awaited
+    assert sum(mailbox.kinds.values()) == before and mailbox.get(garbage) is not None
+    housekeeping.tidy([0, 0])  # the leave itself
+    assert mailbox.get(garbage) is None and housekeeping.garbage == set()

@@ -122,6 +122,7 @@ class Courier:
         """The node leaves and waits for the commits of its contributions in flight: look for them (as the
         merger, at its open rounds) every CLOSING_SECONDS, not at the pace of their recent latency."""
         self._closing = True
+        self.merger.housekeeping.leaving = True  # the leave tidies: no tidy between the last commits
         self.wake.set()
 
     def stop(self) -> None:
