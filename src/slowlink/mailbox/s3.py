@@ -79,7 +79,8 @@ class S3Mailbox:
     and cost estimates. `on_ignored(key, reason)` hears once of each listed key that slowlink could not
     have written (a space, '..', a trailing '/'), which `list` leaves out; by default a logged warning.
     A put of more than `multipart_threshold` bytes goes up in parts of `part_size` bytes (the last one
-    shorter), except a compare-and-swap, which is always one PutObject.
+    shorter), except a compare-and-swap, which is always one PutObject. Its botocore client is made on a
+    thread of its own as the mailbox is made: made before the model, it is ready when the Session joins.
     """
 
     def __init__(

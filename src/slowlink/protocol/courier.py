@@ -77,7 +77,7 @@ class Courier:
         self.buffer = HostBuffer()  # where contributions encoded on the device come to host
         self.poll_seconds, self.lease_seconds = poll_seconds, lease_seconds
         self.beat_seconds = beat_seconds if beat_seconds is not None else beat_interval(lease_seconds)
-        self.watch_seconds = min(self.beat_seconds, WATCH_SECONDS)
+        self.watch_seconds = self.overdue_slack = min(self.beat_seconds, WATCH_SECONDS)
         # Reading every lease a quarter lease apart keeps each live one seen rising within a lease.
         self.observe_seconds = max(self.beat_seconds, lease_seconds / 4)
         self._syncs_every = method.rounds(len(run.plan)).sync_every / len(run.plan)  # steps between syncs
@@ -99,8 +99,7 @@ class Courier:
         self.head = [version for version, _ in (latest[q] for q in range(len(run.plan)))]  # moved in place
         self.feed = CommitFeed(mailbox, run, node_id, emit, latest, self.head, self._deliver, clock.now)
         self._stopping = threading.Event()
-        self._closing = False  # the node leaves, and waits for the commits of its rounds in flight
-        self._head_unsure = False  # a leader's turn failed: stop() probes for commits self.head lacks
+        self._closing = self._head_unsure = False  # leaving (closing()); a leader's turn failed (stop())
         self._thread = threading.Thread(target=self._loop, name=f"slowlink-{node_id}", daemon=True)
 
     @property
@@ -119,10 +118,11 @@ class Courier:
         self.wake.set()
 
     def closing(self) -> None:
-        """The node leaves and waits for the commits of its contributions in flight: look for them (as the
-        merger, at its open rounds) every CLOSING_SECONDS, not at the pace of their recent latency."""
+        """The node leaves and waits for the commits of its contributions in flight: look for them every
+        CLOSING_SECONDS, and once one is overdue, for a merger gone every 0.5 s."""
         self._closing = True
         self.merger.housekeeping.leaving = True  # the leave tidies: no tidy between the last commits
+        self.watch_seconds, self.overdue_slack = min(self.watch_seconds, 5 * CLOSING_SECONDS), 0.0
         self.wake.set()
 
     def stop(self) -> None:
@@ -243,7 +243,7 @@ class Courier:
             )  # the merger also reads them when a round could close (live_nodes)
         # A follower reads leader.json a quarter lease apart, or every watch_seconds while a commit it awaits
         # is overdue: a merger that left or died is replaced soon when someone needs it, cheaply when nobody does.
-        overdue = self.feed.overdue(self.sent, self.watch_seconds)
+        overdue = self.feed.overdue(self.sent, self.overdue_slack)
         watch = self.watch_seconds if overdue else self.observe_seconds
         if not self.leadership.is_leader and now - self._leader_checked_at < watch:
             return
@@ -392,8 +392,6 @@ class Courier:
         between_syncs = self.status().step_seconds * self._syncs_every  # others' contributions come as often
         self.merger.looks.poll_seconds = self.poll_seconds
         self.merger.looks.look_seconds = min(self.watch_seconds, max(self.poll_seconds, between_syncs))
-        if self._closing:
-            self.merger.looks.look_seconds = min(self.merger.looks.look_seconds, CLOSING_SECONDS)
         for committed in self.merger.step(ready, self.live_nodes, self.head):
             self.head[committed.fragment] = committed.round
             self._deliver(committed.fragment, committed.round, committed.params, committed.record)
