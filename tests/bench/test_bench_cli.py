@@ -1,6 +1,7 @@
 """The `slowlink bench` command's options, pinned, and its refusals: each names the option and the fix, and
 writes nothing."""
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -12,7 +13,7 @@ from slowlink.bench.config import PRESETS, BenchConfig, preset
 from slowlink.cli.main import main
 
 BENCH_OPTIONS = {"--steps", "--workers", "--sync-every", "--fragments", "--overlap-steps", "--batch-size",
-                 "--step-time", "--bandwidth", "--demo-lr", "--latency", "--seed", "--methods", "--jobs", "--quick", "--smoke",
+                 "--step-time", "--bandwidth", "--demo-lr", "--demo-topk", "--latency", "--seed", "--methods", "--jobs", "--quick", "--smoke",
                  "--model", "--exchange", "--out", "--help"}  # fmt: skip
 
 
@@ -66,3 +67,22 @@ def test_the_readmes_bench_command_is_the_quick_preset_of_every_method_into_slow
     assert config == preset("quick", out="slowlink-bench")  # the README's "into `slowlink-bench/`"
     assert chosen(config) == list(METHODS)  # "the methods side by side": all 13
     assert len(METHODS) == 13
+
+
+def test_seed_and_demo_topk_reach_the_run_and_a_seed_reproduces_it(tmp_path):
+    outcomes = {}
+    for name, argv in {
+        "seed 0": [],
+        "seed 0 again": [],
+        "seed 1": ["--seed", "1"],
+        "k 8": ["--demo-topk", "8"],
+    }.items():
+        out = tmp_path / name.replace(" ", "-")
+        assert main(["bench", "--smoke", "--methods", "demo", "--jobs", "1", "--out", str(out), *argv]) == 0
+        (outcomes[name],) = json.loads((out / "results.json").read_text())["outcomes"]
+    for outcome in outcomes.values():  # the run's own timings: the only numbers that may differ
+        del outcome["cpu_seconds"], outcome["real_seconds"]
+    assert outcomes["seed 0"] == outcomes["seed 0 again"]  # every number, the curve's included
+    assert outcomes["seed 1"]["heldout_loss"] != outcomes["seed 0"]["heldout_loss"]
+    # twice the coefficients per chunk: the packed bytes nearly double (each frame's header is paid once)
+    assert 1.7 < outcomes["k 8"]["bytes_per_worker"] / outcomes["seed 0"]["bytes_per_worker"] < 2.0

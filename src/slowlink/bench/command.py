@@ -27,6 +27,7 @@ BENCH_HELP = {  # option -> (metavar, help); the preset gives every default
     ),
     "--latency": ("T", "per message hop, e.g. 10ms"),
     "--demo-lr": ("LR", "DeMo's peak learning rate (full: 1e-3; --quick: 1e-2)"),
+    "--demo-topk": ("K", "DeMo's coefficients sent per 64×64 chunk (8; --smoke: 4)"),
     "--seed": ("S", "seed of the models, the data and the schedule"),
     "--methods": ("LIST", f"comma-separated, of {', '.join(METHODS)} (default: all)"),
     "--jobs": ("J", "methods run at once, each in its own process (2); the numbers do not depend on it"),
@@ -66,7 +67,17 @@ def add_bench(commands: argparse._SubParsersAction) -> None:
 def config_of(args: argparse.Namespace) -> BenchConfig:
     """The preset the options choose, with the options given changed: checked as it is built."""
     changes: dict = {"out": args.out}
-    for option in ("--steps", "--workers", "--sync-every", "--fragments", "--batch-size", "--seed", "--jobs"):
+    counts = (
+        "--steps",
+        "--workers",
+        "--sync-every",
+        "--fragments",
+        "--batch-size",
+        "--seed",
+        "--jobs",
+        "--demo-topk",
+    )
+    for option in counts:
         text = getattr(args, option[2:].replace("-", "_"))
         if text is not None:
             changes[option[2:].replace("-", "_")] = parse_int(
