@@ -61,27 +61,31 @@ class Looks:
         return waiting or bool(self._ending) or (self.own_unlisted and not soon) or idle, next_look
 
     def probes(
-        self, now: float, open_rounds: dict, versions: dict, own: set, others: set[str]
+        self, now: float, open_rounds: dict, versions: dict, own: set, others: set[str], me: str
     ) -> list | None:
         """The contributions a look reads by key, as (fragment, round, node), instead of listing rounds/;
         None to list it (and the listing is taken as done now). By key: those of the other live nodes
         (`others`, the view at hand) not in yet, to each open round that the merger's own contribution
         (`own`: (fragment, round) keys) or another's is in (the others sync on the same schedule), when
         they are at most MAX_PROBES, each of those rounds was listed once already (what any node, leased
-        or not, wrote to it by then is judged) and rounds/ was listed within LIST_SECONDS."""
-        wanted, under_way = [], set()
+        or not, wrote to it by then is judged), none holds a contribution of a node other than `me` (this
+        node) outside `others`, and rounds/ was listed within LIST_SECONDS."""
+        wanted, under_way, strangers = [], set(), False
         self.listed = {(q, r) for q, r in self.listed if r > versions.get(q, (r,))[0]}  # open rounds only
         for fragment, (version, *_) in versions.items():
             current, round_ = open_rounds.get(fragment), version + 1
             reported = set()
             if current is not None and current.round == round_:
                 reported = set(current.accepted) | set(current.rejected)
+                # A writer outside the view of the leases may write more to this round than the first
+                # listing caught (it began writing as that listing ran): only a listing finds those.
+                strangers |= bool(reported - others - {me})
             if (fragment, round_) in own or reported:
                 under_way.add((fragment, round_))
                 wanted += [(fragment, round_, node) for node in sorted(others - reported)]
-        # No round under way (a node ahead of this one may have begun one), one not listed yet, too many
-        # to read, or a while since the last listing: list.
-        if (not under_way or not under_way <= self.listed or len(wanted) > MAX_PROBES
+        # No round under way (a node ahead of this one may have begun one), one not listed yet, strangers
+        # in one, too many to read, or a while since the last listing: list.
+        if (not under_way or not under_way <= self.listed or strangers or len(wanted) > MAX_PROBES
                 or now - self.listed_at >= LIST_SECONDS):  # fmt: skip
             self.listed_at = now
             self.listed |= under_way

@@ -106,7 +106,7 @@ class Merger:
         if due:
             self.looks.looked(self.clock())
             others = live_nodes(False) - {self.node_id}
-            found = self.looks.probes(self.clock(), self.open, versions, set(self.own), others)
+            found = self.looks.probes(self.clock(), self.open, versions, set(self.own), others, self.node_id)
             if found is None:  # rounds/ listed: what it shows, and the merged rounds' garbage
                 listing = self.mailbox.list(keys.ROUNDS)
                 self.housekeeping.merged_rounds(listing, head)
