@@ -175,8 +175,11 @@ class Session:
         refuse_if_live(
             self.mailbox, self.node_id, self.lease_seconds, clock=self.clock.now, sleep=self.clock.sleep
         )
-        latest = load_newest(self.mailbox, self.run, sleep=self.clock.sleep,
-                             own=lambda q: self.adapter.snapshot(self.plan[q]))  # fmt: skip
+        if created:  # commit 0 is this node's model, just written: no commit follows it before others train
+            latest = {q: (0, self.adapter.snapshot(group)) for q, group in enumerate(self.plan)}
+        else:
+            latest = load_newest(self.mailbox, self.run, sleep=self.clock.sleep,
+                                 own=lambda q: self.adapter.snapshot(self.plan[q]))  # fmt: skip
         if not created and not self.resume:
             refuse_resuming(self.raw_mailbox, self.run.run_id, [version for version, _ in latest.values()])
         for _, params in latest.values():
@@ -226,6 +229,8 @@ class Session:
                     self.courier.failure = None  # raised once already; leaving still tries its best
                 if self.island is not None:
                     self.island.closing = True  # every rank now asks rank 0 at each step, and reads its clock
+                if (closing := getattr(self.courier, "closing", None)) is not None:
+                    closing()  # the courier looks for the commits leaving waits for at a leaving node's pace
                 self.node.finish(self.close_timeout)
         finally:
             self.courier.stop()

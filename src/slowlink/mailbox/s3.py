@@ -39,6 +39,7 @@ from .s3_options import (
     CHECKSUM_MODES,
     DEFAULT_MULTIPART_THRESHOLD,
     DEFAULT_PART_SIZE,
+    LazyClient,
     Retries,
     Timeouts,
     check_client_options,
@@ -78,7 +79,8 @@ class S3Mailbox:
     and cost estimates. `on_ignored(key, reason)` hears once of each listed key that slowlink could not
     have written (a space, '..', a trailing '/'), which `list` leaves out; by default a logged warning.
     A put of more than `multipart_threshold` bytes goes up in parts of `part_size` bytes (the last one
-    shorter), except a compare-and-swap, which is always one PutObject.
+    shorter), except a compare-and-swap, which is always one PutObject. Its botocore client is made on a
+    thread of its own as the mailbox is made: made before the model, it is ready when the Session joins.
     """
 
     def __init__(
@@ -118,25 +120,16 @@ class S3Mailbox:
         self.bytes_received = 0
         self._stats_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_concurrency)
-        self._client_lock = threading.Lock()
-        self._s3: Any = None
         self._clock = StoreClock()
         self._rng = random.Random()
         self.on_ignored: IgnoredHook = warn_ignored
         self._ignored = IgnoredKeys()
+        self._client = LazyClient(lambda: make_client(
+            endpoint_url=endpoint_url, region=region, timeout=self.timeout, max_concurrency=max_concurrency,
+            addressing_style=self.addressing_style, request_checksums=request_checksums, where=self._where(),
+        ))  # fmt: skip
 
     # -- plumbing ----------------------------------------------------------------------------------
-
-    def _client(self) -> Any:
-        if self._s3 is None:
-            with self._client_lock:
-                if self._s3 is None:
-                    self._s3 = make_client(
-                        endpoint_url=self.endpoint_url, region=self.region, timeout=self.timeout,
-                        max_concurrency=self.max_concurrency, addressing_style=self.addressing_style,
-                        request_checksums=self.request_checksums, where=self._where(),
-                    )  # fmt: skip
-        return self._s3
 
     def _where(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}" + (f" at {self.endpoint_url}" if self.endpoint_url else "")

@@ -36,6 +36,7 @@ from .run import Run, advance_head, probe_newest, read_commit
 
 BACKOFF = 1.25  # each turn without news waits this much longer: news is seen late by at most a quarter
 WATCH_SECONDS = 2.0  # how stale the leases may be for closing a round early, or leader.json for one waiting
+CLOSING_SECONDS = 0.1  # while the node leaves: how often it looks for the commits it waits for (closing())
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class Courier:
         self.buffer = HostBuffer()  # where contributions encoded on the device come to host
         self.poll_seconds, self.lease_seconds = poll_seconds, lease_seconds
         self.beat_seconds = beat_seconds if beat_seconds is not None else beat_interval(lease_seconds)
-        self.watch_seconds = min(self.beat_seconds, WATCH_SECONDS)
+        self.watch_seconds = self.overdue_slack = min(self.beat_seconds, WATCH_SECONDS)
         # Reading every lease a quarter lease apart keeps each live one seen rising within a lease.
         self.observe_seconds = max(self.beat_seconds, lease_seconds / 4)
         self._syncs_every = method.rounds(len(run.plan)).sync_every / len(run.plan)  # steps between syncs
@@ -98,6 +99,7 @@ class Courier:
         self.head = [version for version, _ in (latest[q] for q in range(len(run.plan)))]  # moved in place
         self.feed = CommitFeed(mailbox, run, node_id, emit, latest, self.head, self._deliver, clock.now)
         self._stopping = threading.Event()
+        self._closing = self._head_unsure = False  # leaving (closing()); a leader's turn failed (stop())
         self._thread = threading.Thread(target=self._loop, name=f"slowlink-{node_id}", daemon=True)
 
     @property
@@ -115,6 +117,14 @@ class Courier:
         self._leases_wanted.set()
         self.wake.set()
 
+    def closing(self) -> None:
+        """The node leaves and waits for the commits of its contributions in flight: look for them every
+        CLOSING_SECONDS, and once one is overdue, for a merger gone every 0.5 s."""
+        self._closing = True
+        self.merger.housekeeping.leaving = True  # the leave tidies: no tidy between the last commits
+        self.watch_seconds, self.overdue_slack = min(self.watch_seconds, 5 * CLOSING_SECONDS), 0.0
+        self.wake.set()
+
     def stop(self) -> None:
         """Stop the thread, then leave: finish an unnamed commit, release the leadership, drop the lease.
         A second Ctrl-C while waiting for the thread stops the wait, not the leaving: each part still
@@ -128,7 +138,9 @@ class Courier:
             interrupted = error
         leaving = [self.leadership.release, lambda: self.mailbox.delete([keys.node(self.node_id)])]
         if self.leadership.is_leader and interrupted is None:  # first, a commit head.json does not name yet
-            leaving[:0] = [self._recover_head, lambda: self.merger.leave(list(self.head))]
+            leaving[:0] = [lambda: self.merger.leave(list(self.head))]
+            if self._head_unsure:  # only a failed turn (a merge, a recovery) can leave a commit unnamed
+                leaving.insert(0, self._recover_head)
         for part in leaving:  # each its own chance: nobody should wait a lease for a node that left
             try:
                 part()
@@ -183,8 +195,10 @@ class Courier:
                 self.turn()
                 self._quiet_turns = 0 if self._news else self._quiet_turns + 1
             except (MailboxError, PayloadError) as error:
+                self._head_unsure |= self.leadership.is_leader  # a commit may be written that self.head lacks
                 self.emit(Event("mailbox_error", self.node_id, str(error), {"error": type(error).__name__}))
             except BaseException as error:  # a bug: hand it to the training thread, which raises it
+                self._head_unsure |= self.leadership.is_leader
                 self.failure = error
                 return
             self.clock.wait(self.wake, self._pause())
@@ -197,6 +211,8 @@ class Courier:
         between_syncs = self.status().step_seconds * self._syncs_every
         longest = min(self.beat_seconds, max(self.poll_seconds, between_syncs / 4))
         pause = min(longest, self.poll_seconds * BACKOFF ** min(self._quiet_turns, 64))
+        if self._closing:
+            pause = min(pause, CLOSING_SECONDS)
         if self.leadership.is_leader:  # a merger turns when a round it waits for can close (looks.py)
             pause = min(pause, max(0.005, self.merger.next_look_at - self.clock.now()))
         return pause
@@ -216,7 +232,7 @@ class Courier:
             self.feed.poll_head(None if self.leadership.is_leader else self.sent)
         elif not self.leadership.is_leader:
             for fragment in sorted(awaiting & set(self.sent)):
-                if self.feed.due(fragment):
+                if self._closing or self.feed.due(fragment):
                     self.feed.catch_up(fragment, awaited=self.sent)
         if now - self.leases.beaten_at >= self.beat_seconds:
             self._beat_lease()
@@ -227,7 +243,7 @@ class Courier:
             )  # the merger also reads them when a round could close (live_nodes)
         # A follower reads leader.json a quarter lease apart, or every watch_seconds while a commit it awaits
         # is overdue: a merger that left or died is replaced soon when someone needs it, cheaply when nobody does.
-        overdue = self.feed.overdue(self.sent, self.watch_seconds)
+        overdue = self.feed.overdue(self.sent, self.overdue_slack)
         watch = self.watch_seconds if overdue else self.observe_seconds
         if not self.leadership.is_leader and now - self._leader_checked_at < watch:
             return
@@ -368,6 +384,7 @@ class Courier:
             if round_ > self.head[fragment]:
                 self.merger.head_written = advance_head(self.mailbox, list(self.head), fragment, round_)
                 self.feed.fetch(fragment, round_)
+        self._head_unsure = False
 
     def _merge(self) -> None:
         # Only fragments whose newest commit this node holds: it builds on nothing older.

@@ -32,6 +32,7 @@ class Housekeeping:
         self.payload_bytes: dict[tuple[int, int, str], int] = {}  # (fragment, round, node) -> payload size
         self.kept_from: dict[int, int] = {}  # fragment -> the oldest commit kept whole, as last collected
         self._tidied_at = clock()
+        self.leaving = False  # the node leaves: its leave tidies once, off the path of the rounds it awaits
 
     def merged_rounds(self, listing: Iterable[Listing], head: list[int]) -> None:
         """Note the keys of a listing of rounds/ that sit in rounds before the newest commit: merged, or
@@ -84,7 +85,7 @@ class Housekeeping:
         """Every TIDY_SECONDS, or now with `head` (the node leaves: the rounds merged since the last
         listing go too): fold the commits written since into summary.json and delete the garbage they
         left. A store failure keeps them for the next time."""
-        if head is None and self.clock() - self._tidied_at < TIDY_SECONDS:
+        if head is None and (self.leaving or self.clock() - self._tidied_at < TIDY_SECONDS):
             return
         self._tidied_at = self.clock()
         if head is not None:

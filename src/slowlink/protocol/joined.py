@@ -13,10 +13,11 @@ def joined_event(mailbox: Mailbox, run: Run, node_id: str, versions: list[int], 
     """The `joined` event of node `node_id`. Its data: versions (each fragment's newest commit), age_seconds
     (since the run's first commit) and idle_seconds (since its newest), steps (merged into fragment 0's
     commits), nodes (every node a commit merged) and live_nodes (the other nodes holding a lease now). From
-    summary.json (one GET); figures it cannot give are None."""
+    summary.json (one GET, none before the first commit); figures it cannot give are None."""
+    summary = None  # none before the first commit: then joining reads nothing for it
     try:
-        summary, _ = read_summary(mailbox, len(run.plan))
-        now = mailbox.clock()
+        if any(versions):
+            summary, now = read_summary(mailbox, len(run.plan))[0], mailbox.clock()
     except (MailboxError, PayloadError):
         summary = None  # a report only: joining never waits on it
     age = idle = steps = None
