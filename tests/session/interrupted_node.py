@@ -3,6 +3,7 @@ request takes LATENCY seconds (0.4 by default), prints "leading" once it merges,
 interrupted. Run as: python interrupted_node.py MAILBOX_PATH [LATENCY]."""
 
 import itertools
+import signal
 import sys
 import time
 
@@ -16,6 +17,9 @@ from nodes import batches, sgd_step, tiny_mlp  # noqa: E402
 
 def main(path: str, latency: float) -> None:
     torch.set_num_threads(1)
+    # Ctrl-C as in a terminal: a test run started in the background (`pytest ... &` in a script, as some CI
+    # runners do) ignores SIGINT, its children inherit that, and this node would never hear the signals.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     # With latency 0.4 s a request, leaving takes a while, long enough for a second Ctrl-C to land in it.
     mailbox = sl.mailbox.Faulty(sl.DirMailbox(path), latency=latency)
     model = tiny_mlp()
