@@ -26,3 +26,25 @@ def test_a_round_holding_a_contribution_from_outside_the_leases_is_listed_again(
     open_rounds = {0: OpenRound(5, accepted={"me": {}}, rejected={"stranger": "bad payload"})}
     assert looks.probes(1.0, open_rounds, VERSIONS, {(0, 5)}, {"peer"}, "me") is None
     assert looks.probes(1.5, open_rounds, VERSIONS, {(0, 5)}, {"peer", "stranger"}, "me") == [(0, 5, "peer")]
+
+
+def test_a_round_with_its_quorum_looks_for_the_others_soon_after_then_less_often_up_to_its_window_end():
+    # sync_every=100 at 0.01 s a step: a grace window of half a sync, 0.5 s, from the quorum at t = 10.
+    looks = Looks(sl.DiLoCo(sync_every=100).rounds(1))
+    looks.look_seconds = 60.0  # no idle look in between
+    open_rounds = {0: OpenRound(5, accepted={"me": {"step_seconds": 0.01}}, quorum_at=10.0)}
+    looks.looked(10.0)  # the look that found the quorum
+    seen = []
+    now = 10.0
+    while now < 11.0:
+        due, next_look = looks.due(now, open_rounds, VERSIONS)
+        if due:
+            looks.looked(now)
+            seen.append(round(now, 4))
+        assert next_look > now or due
+        now = round(now + 0.005, 4)
+    # A node a step behind is found 62.5 ms after the quorum, not at the window's end (0.5 s): its round
+    # closes then. Each look is due once, within SLACK (0.05 s) of its time.
+    assert seen == [10.015, 10.075, 10.2, 10.45]  # the first turns (every 5 ms) within SLACK of each
+    for at, look in zip(seen, (0.0625, 0.125, 0.25, 0.5), strict=True):
+        assert 10.0 + look - 0.05 <= at <= 10.0 + look

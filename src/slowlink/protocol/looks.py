@@ -1,13 +1,18 @@
 """When the merger lists rounds/: only when a round can be due, not on every turn of its loop.
 
 Its own contributions it knows without a listing; the others' come at about the same steps (every node
-syncs on the same schedule), so one look when its own comes in, one when a grace window ends, and one at
-least every sync of this node for nodes ahead of it, cost about one LIST per round.
+syncs on the same schedule), so one look when its own comes in, a few while a round with its quorum waits
+for the others (soon after the quorum, then less and less often, up to the end of its grace window), and
+one at least every sync of this node for nodes ahead of it, cost about two requests per round.
 """
 
 from ..algorithms import rounds as rounds_
 
-SLACK = 0.05  # a grace window ending this soon counts as ended: the merger's turn comes at its end
+SLACK = 0.05  # a look due this soon counts as due: the merger's turn comes at its time
+# When a round with its quorum looks for the other live nodes' contributions, as shares of its grace window
+# after the quorum came. Nodes on one schedule come within a small share of it (they differ by a step or
+# two), so the round closes about then, not at the window's end; a node far behind costs a look or two more.
+LOOKS_IN_GRACE = (0.125, 0.25, 0.5, 1.0)
 # A look reads at most this many contributions by key instead of listing rounds/ (a LIST, then a GET of
 # each it shows, costs more), and lists it at least every LIST_SECONDS: for nodes not in the merger's view
 # of the leases (one that joined since), nodes ahead of it, and the garbage of merged rounds.
@@ -25,25 +30,26 @@ class Looks:
         self.looked_at = self.listed_at = float("-inf")
         self.listed: set[tuple[int, int]] = set()  # (fragment, round) under way when rounds/ was listed
         self.own_unlisted = False  # this node's contribution came in since the last look
-        self.ended: set[tuple[int, int]] = set()  # (fragment, round) whose grace window's end a look served
-        self._ending: list[tuple[int, int]] = []
+        # (fragment, round, index in LOOKS_IN_GRACE) of each look in a grace window served, and those due now
+        self.served: set[tuple[int, int, int]] = set()
+        self._due_now: list[tuple[int, int, int]] = []
 
     def own_sent(self) -> None:
         self.own_unlisted = True
 
     def looked(self, now: float) -> None:
         self.looked_at, self.own_unlisted = now, False
-        self.ended.update(self._ending)
+        self.served.update(self._due_now)
 
     def due(self, now: float, open_rounds: dict, versions: dict) -> tuple[bool, float]:
         """(Whether to list rounds/ now, when the next look is due.) open_rounds: the merger's open round by
         fragment (merger.OpenRound); versions: the fragments it merges now (fragment -> its newest commit, ...).
 
-        Due when this node's own contribution came in since the last look (unless a grace window ends
-        within poll_seconds: that look serves both), once when a round's grace window ends, on every turn
-        while a round holds contributions short of its quorum (a barrier waits for every node, paced by the
-        courier's backoff), and look_seconds after the last look."""
-        ends, waiting = {}, False
+        Due when this node's own contribution came in since the last look (unless a look in a grace window
+        is due within poll_seconds: that look serves both), at each of LOOKS_IN_GRACE in a round's grace
+        window, on every turn while a round holds contributions short of its quorum (a barrier waits for
+        every node, paced by the courier's backoff), and look_seconds after the last look."""
+        marks, waiting = {}, False
         for fragment, (version, *_) in versions.items():
             current = open_rounds.get(fragment)
             if current is None or current.round != version + 1 or not (current.accepted or current.rejected):
@@ -52,13 +58,15 @@ class Looks:
                 waiting = True
                 continue
             steps = [record["step_seconds"] for record in current.accepted.values()]
-            ends[(fragment, current.round)] = current.quorum_at + rounds_.grace_seconds(self.rounds, steps)
-        self.ended &= set(ends)
-        self._ending = [key for key, end in ends.items() if end <= now + SLACK and key not in self.ended]
-        soon = any(0 < end - now <= self.poll_seconds for end in ends.values())
+            grace = rounds_.grace_seconds(self.rounds, steps)
+            for index, share in enumerate(LOOKS_IN_GRACE):
+                marks[(fragment, current.round, index)] = current.quorum_at + share * grace
+        self.served &= set(marks)
+        self._due_now = [key for key, at in marks.items() if at <= now + SLACK and key not in self.served]
+        soon = any(0 < at - now <= self.poll_seconds for at in marks.values())
         idle = now - self.looked_at >= self.look_seconds
-        next_look = min([end for end in ends.values() if end > now] + [self.looked_at + self.look_seconds])
-        return waiting or bool(self._ending) or (self.own_unlisted and not soon) or idle, next_look
+        next_look = min([at for at in marks.values() if at > now] + [self.looked_at + self.look_seconds])
+        return waiting or bool(self._due_now) or (self.own_unlisted and not soon) or idle, next_look
 
     def probes(
         self, now: float, open_rounds: dict, versions: dict, own: set, others: set[str], me: str
