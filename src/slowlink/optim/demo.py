@@ -18,6 +18,7 @@ from ..algorithms.demo import (
     ChunkLayout,
     DeMoState,
     Group,
+    Scratch,
     Sparse,
     demo_math,
     from_chunks,
@@ -123,6 +124,7 @@ class DeMo(torch.optim.Optimizer):
         ])  # fmt: skip
         self._step, self._sent, self._pending, self._own = 0, 0, None, (b"", [])
         self._held, self._views = None, {}  # the last step's momentum stacks and their views (_keep)
+        self._scratch = tuple(Scratch() for _ in self._groups)  # a step's temporaries, reused each step
         self.stats = {"steps": 0, "sent_bytes": 0, "received_bytes": 0, "missing": 0}
         self._math = demo_math(
             compression_decay=compression_decay, topk=topk, chunk=chunk, transform=transform,
@@ -166,7 +168,7 @@ class DeMo(torch.optim.Optimizer):
         # payload keeps the same tensors, which the exchange needs.
         grads = {name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p, _ in named}
         sent, self._pending = self._math.compress(
-            grads, self._momentum(named), {name: group["lr"] for name, _, group in named}
+            grads, self._momentum(named), {name: group["lr"] for name, _, group in named}, self._scratch
         )
         parts = [
             encode_sparse(s.indices.cpu().numpy(), s.values.float().cpu().numpy(), group.chunk_numel,
@@ -186,7 +188,7 @@ class DeMo(torch.optim.Optimizer):
                 "DeMo.end_step() without begin_step(): call step(), or both halves in order"
             )
         gathered = self._decode(rows)
-        directions, state = self._math.direction(gathered, self._pending)
+        directions, state = self._math.direction(gathered, self._pending, self._scratch)
         self._pending = None
         self._keep(state)
         self._sign_step(state.groups, directions)
