@@ -237,9 +237,16 @@ class DeMo(torch.optim.Optimizer):
         return DeMoState(tuple(stacks), self._step, self._groups)
 
     def _keep(self, state: DeMoState) -> None:
-        """Each tensor's state holds its rows of its group's stack (a view: nothing is copied)."""
+        """Each tensor's state holds its rows of its group's stack (a view: nothing is copied). The stacks
+        are updated in place (the math's scratch), so the views of the last step still hold when they are
+        the same stacks: then only the step count moves."""
         params = {name: p for name, p, _ in self._named()}
-        self._held, self._views = state, {}
+        held, self._held = self._held, state
+        if held is not None and all(a is b for a, b in zip(held.momentum, state.momentum, strict=True)):
+            for name in self._views:
+                self.state[params[name]]["step"] = state.step
+            return
+        self._views = {}
         for group, splits, stack in zip(state.groups, self._splits, state.momentum, strict=True):
             for name, rows in zip(group.names, stack.split(splits), strict=True):
                 self.state[params[name]][MOMENTUM], self.state[params[name]]["step"] = rows, state.step
