@@ -121,7 +121,8 @@ def main() -> None:
 payloads averaged per step (a node's own and the others', each of its own batch), median of {args.repeats}. Times in ms per step per million parameters,
 {"the thread's CPU time" if args.clock == "cpu" else "wall-clock time"} (--clock {args.clock}). The floor
 is the transform alone: one chunked DCT forward and one inverse (two batched matrix products each, over
-the stack of all chunks of one shape). Target: compression + decompression within 2× of the floor.
+the stack of all chunks of one shape, into buffers made once, as the step's). Target: compression +
+decompression within 2× of the floor.
 "best / best": the fastest repeat of both halves over the fastest floor (what a loaded machine disturbs least).
 Load average while it ran (1, 5, 15 min): {load}.
 
