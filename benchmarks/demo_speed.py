@@ -34,20 +34,23 @@ from _report import markdown_table, write_section  # noqa: E402
 
 def transforms(params: list[torch.Tensor], chunk: int):
     """The floor: the forward and the inverse transform of every tensor, batched as the step batches them
-    (one stack of chunks per chunk shape: algorithms/demo.groups_of), two matrix products each."""
+    (one stack of chunks per chunk shape: algorithms/demo.groups_of), two matrix products each, written into
+    buffers made once (a Scratch per group, as the step's): products into fresh tensors cost their page
+    faults, which would time the allocator, not the transform."""
     tensors = {str(i): p.detach() for i, p in enumerate(params)}
     groups = d.groups_of(tuple((name, tuple(t.shape)) for name, t in tensors.items()), chunk)
     bases = [d.basis_of(g.layouts[0], "dct", seed=0, step=0, like=params[0]) for g in groups]
     stacks = [d.stack_chunks(tensors, g).contiguous() for g in groups]
-    coefficients = [d.forward_blocks(x, b) for x, b in zip(stacks, bases, strict=True)]
+    coefficients = [d.forward_blocks(x, b).clone() for x, b in zip(stacks, bases, strict=True)]
+    scratch = [d.Scratch() for _ in groups]
 
     def forward():
-        for x, b in zip(stacks, bases, strict=True):
-            d.forward_blocks(x, b)
+        for x, b, work in zip(stacks, bases, scratch, strict=True):
+            d.forward_blocks(x, b, work)
 
     def inverse():
-        for c, b in zip(coefficients, bases, strict=True):
-            d.inverse_blocks(c, b)
+        for c, b, work in zip(coefficients, bases, scratch, strict=True):
+            d.inverse_blocks(c, b, work)
 
     return forward, inverse
 
@@ -118,7 +121,8 @@ def main() -> None:
 payloads averaged per step (a node's own and the others', each of its own batch), median of {args.repeats}. Times in ms per step per million parameters,
 {"the thread's CPU time" if args.clock == "cpu" else "wall-clock time"} (--clock {args.clock}). The floor
 is the transform alone: one chunked DCT forward and one inverse (two batched matrix products each, over
-the stack of all chunks of one shape). Target: compression + decompression within 2× of the floor.
+the stack of all chunks of one shape, into buffers made once, as the step's). Target: compression +
+decompression within 2× of the floor.
 "best / best": the fastest repeat of both halves over the fastest floor (what a loaded machine disturbs least).
 Load average while it ran (1, 5, 15 min): {load}.
 

@@ -7,12 +7,13 @@ beyond what DeMoState holds. The exchange between the two halves (compress, dire
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from .scratch import Scratch, Scratches
 from .top_k import top_k_indices
 
 TRANSFORMS = ("dct", "identity", "random")
@@ -118,14 +119,22 @@ def inverse(coefficients: torch.Tensor, layout: ChunkLayout, basis: Basis) -> to
     return from_chunks(inverse_blocks(coefficients, basis), layout)
 
 
-def forward_blocks(blocks: torch.Tensor, basis: Basis) -> torch.Tensor:
-    """(chunks, h·w) coefficients of (chunks, h, w) blocks, of one tensor or of many with one chunk shape."""
-    return (basis.rows @ blocks @ basis.cols.T).reshape(blocks.shape[0], -1)
+def forward_blocks(blocks: torch.Tensor, basis: Basis, scratch: Scratch | None = None) -> torch.Tensor:
+    """(chunks, h·w) coefficients of (chunks, h, w) blocks, of one tensor or many; into scratch if given."""
+    if scratch is None:
+        return (basis.rows @ blocks @ basis.cols.T).reshape(blocks.shape[0], -1)
+    product = torch.matmul(basis.rows, blocks, out=scratch.buffer("product", blocks.shape, blocks))
+    out = scratch.buffer("coefficients", blocks.shape, blocks)
+    return torch.matmul(product, basis.cols.T, out=out).view(blocks.shape[0], -1)
 
 
-def inverse_blocks(coefficients: torch.Tensor, basis: Basis) -> torch.Tensor:
+def inverse_blocks(coefficients: torch.Tensor, basis: Basis, scratch: Scratch | None = None) -> torch.Tensor:
     h, w = basis.rows.shape[0], basis.cols.shape[0]
-    return basis.rows.T @ coefficients.reshape(-1, h, w) @ basis.cols
+    blocks = coefficients.reshape(-1, h, w)
+    if scratch is None:
+        return basis.rows.T @ blocks @ basis.cols
+    product = torch.matmul(basis.rows.T, blocks, out=scratch.buffer("product", blocks.shape, blocks))
+    return torch.matmul(product, basis.cols, out=scratch.buffer("inverse", blocks.shape, blocks))
 
 
 class Sparse(NamedTuple):
@@ -135,9 +144,10 @@ class Sparse(NamedTuple):
     values: torch.Tensor
 
 
-def top_k(coefficients: torch.Tensor, k: int) -> Sparse:
+def top_k(coefficients: torch.Tensor, k: int, scratch: Scratch | None = None) -> Sparse:
     """The k largest |coefficients| of each chunk (all of them when the chunk holds k or fewer)."""
-    picked = top_k_indices(coefficients.abs(), min(k, coefficients.shape[1]))  # torch.topk's, faster
+    magnitudes = None if scratch is None else scratch.buffer("magnitudes", coefficients.shape, coefficients)
+    picked = top_k_indices(torch.abs(coefficients, out=magnitudes), min(k, coefficients.shape[1]))
     return Sparse(picked, coefficients.gather(1, picked))
 
 
@@ -147,19 +157,23 @@ def scatter(sparse: Sparse, chunk_numel: int) -> torch.Tensor:
     return dense.scatter_(1, sparse.indices, sparse.values)
 
 
-def sparse_average(gathered: Sparse, chunk_numel: int, how: str) -> torch.Tensor:
+def sparse_average(
+    gathered: Sparse, chunk_numel: int, how: str, scratch: Scratch | None = None
+) -> torch.Tensor:
     """Every node's coefficients (indices and values (M, chunks, k)) averaged into dense (chunks, h·w):
     over the nodes that picked each coefficient ("contributors", the code's rule) or over all M ("all")."""
     nodes, chunks, k = gathered.values.shape
     indices = gathered.indices.permute(1, 0, 2).reshape(chunks, nodes * k)
     values = gathered.values.permute(1, 0, 2).reshape(chunks, nodes * k)
-    total = values.new_zeros(chunks, chunk_numel).scatter_add_(1, indices, values)
+    scratch = scratch if scratch is not None else Scratch()
+    total = scratch.buffer("average", (chunks, chunk_numel), values).zero_()
+    total.scatter_add_(1, indices, values)
     if how == "all":
         return total.div_(max(nodes, 1))
     # Counts in bytes where they fit (a quarter of the memory to clear and add into); exact small integers
     # either way, so the quotients are the same
     tally = torch.uint8 if nodes < 256 else torch.int32
-    counts = indices.new_zeros((chunks, chunk_numel), dtype=tally)
+    counts = scratch.buffer("counts", (chunks, chunk_numel), indices, tally).zero_()
     counts.scatter_add_(1, indices, torch.ones(indices.shape, dtype=tally, device=indices.device))
     # total / counts where anything was picked (elsewhere 0 already), without a pass over every coefficient
     return total.scatter_(1, indices, total.gather(1, indices) / counts.gather(1, indices).to(values.dtype))
@@ -243,15 +257,20 @@ def groups_of(shapes: tuple[tuple[str, tuple[int, ...]], ...], chunk: int) -> tu
     )
 
 
-def stack_chunks(tensors: dict[str, torch.Tensor], group: Group) -> torch.Tensor:
+def stack_chunks(
+    tensors: dict[str, torch.Tensor], group: Group, scratch: Scratch | None = None
+) -> torch.Tensor:
     """(chunks, h, w) float32: the group's tensors' chunks, one tensor after another, each copied once into
     place (and into float32 on the way: the transform of a bf16 gradient in bf16 would lose its digits)."""
     like = tensors[group.names[0]]
     h, w = group.layouts[0].h, group.layouts[0].w
+    scratch = scratch if scratch is not None else Scratch()
+    blocks = scratch.buffer("stack", (group.chunks, h, w), like, torch.float32)
     if h == 1 and all(tensors[name].dtype == torch.float32 for name in group.names):
         # Rows of one: a tensor's chunks are its runs of w values, the stack the tensors end to end (one cat)
-        return torch.cat([tensors[name].reshape(-1) for name in group.names]).view(-1, 1, w)
-    blocks, at = like.new_empty((group.chunks, h, w), dtype=torch.float32), 0
+        torch.cat([tensors[name].reshape(-1) for name in group.names], out=blocks.view(-1))
+        return blocks
+    at = 0
     for name, layout in zip(group.names, group.layouts, strict=True):
         r, c = layout.rows // h, layout.cols // w
         place = blocks[at : at + layout.chunks].view(r, c, h, w)
@@ -313,6 +332,13 @@ def into_basis_of_step(
     return forward_blocks(momentum.reshape(-1, h, w), change)
 
 
+def _zero_state(params: dict[str, torch.Tensor], *, chunk: int) -> DeMoState:
+    groups = groups_of_tensors(params, chunk)
+    like = next(iter(params.values()))
+    zeros = tuple(like.new_zeros((g.chunks, g.chunk_numel), dtype=torch.float32) for g in groups)
+    return DeMoState(zeros, 0, groups)
+
+
 def demo_math(
     *,
     compression_decay: float,
@@ -333,26 +359,23 @@ def demo_math(
     groups_of(the tensors): what compress sends is one Sparse per group, (chunks, k) each."""
     beta, factor = float(compression_decay), float(subtract)
 
-    def init(params: dict[str, torch.Tensor]) -> DeMoState:
-        groups = groups_of_tensors(params, chunk)
-        like = next(iter(params.values()))
-        zeros = tuple(like.new_zeros((g.chunks, g.chunk_numel), dtype=torch.float32) for g in groups)
-        return DeMoState(zeros, 0, groups)
-
     def basis(group: Group, step: int, like: torch.Tensor) -> Basis:
         return basis_of(group.layouts[0], transform, seed=seed, step=step, like=like)
 
     def compress(
-        grads: dict[str, torch.Tensor], state: DeMoState, lr: dict[str, float]
+        grads: dict[str, torch.Tensor], state: DeMoState, lr: dict[str, float], scratch: Scratches = None
     ) -> tuple[list[Sparse], DeMoState]:
+        """With `scratch` the momentum is updated in its own memory (the state passed in is spent)."""
         sent, after = [], []
-        for group, momentum in zip(state.groups, state.momentum, strict=True):
-            blocks = stack_chunks(grads, group)
-            coefficients = forward_blocks(blocks, basis(group, state.step, blocks))  # T_t(g), a new tensor
-            coefficients.mul_(_lr_of(group, lr, blocks)).add_(
-                into_basis_of_step(momentum, group, transform, seed, state.step), alpha=beta
-            )
-            picked = top_k(coefficients, topk)
+        for i, (group, momentum) in enumerate(zip(state.groups, state.momentum, strict=True)):
+            work = scratch[i] if scratch is not None else Scratch()
+            blocks = stack_chunks(grads, group, work)
+            coefficients = forward_blocks(blocks, basis(group, state.step, blocks), work)  # T_t(g)
+            moved = into_basis_of_step(momentum, group, transform, seed, state.step)
+            target = momentum if scratch is not None else torch.empty_like(momentum)
+            coefficients.mul_(_lr_of(group, lr, blocks))
+            coefficients = torch.add(coefficients, moved, alpha=beta, out=target)
+            picked = top_k(coefficients, topk, work)
             owners = owners_of(group, blocks.device)
             picked = Sparse(picked.indices, quantize(picked.values, values, value_scale, owners))
             if factor:
@@ -361,13 +384,16 @@ def demo_math(
             after.append(coefficients)
         return sent, DeMoState(tuple(after), state.step, state.groups)
 
-    def direction(gathered: list[Sparse], state: DeMoState) -> tuple[list[torch.Tensor], DeMoState]:
+    def direction(
+        gathered: list[Sparse], state: DeMoState, scratch: Scratches = None
+    ) -> tuple[list[torch.Tensor], DeMoState]:
         """sign(u), a (chunks, h, w) stack per group (from_chunks gives each tensor's), from every node's
-        coefficients ((M, chunks, k) a group); the step is then complete."""
+        coefficients ((M, chunks, k) a group); the step is then complete. With `scratch`, they live in it."""
         out = []
-        for group, sparse in zip(state.groups, gathered, strict=True):
-            averaged = sparse_average(sparse, group.chunk_numel, sparse_average_over)
-            out.append(inverse_blocks(averaged, basis(group, state.step, averaged)).sign_())
+        for i, (group, sparse) in enumerate(zip(state.groups, gathered, strict=True)):
+            work = scratch[i] if scratch is not None else Scratch()
+            averaged = sparse_average(sparse, group.chunk_numel, sparse_average_over, work)
+            out.append(inverse_blocks(averaged, basis(group, state.step, averaged), work).sign_())
         return out, DeMoState(state.momentum, state.step + 1, state.groups)
 
-    return DeMoMath(init, compress, direction)
+    return DeMoMath(partial(_zero_state, chunk=chunk), compress, direction)

@@ -18,6 +18,7 @@ from ..algorithms.demo import (
     ChunkLayout,
     DeMoState,
     Group,
+    Scratch,
     Sparse,
     demo_math,
     from_chunks,
@@ -123,6 +124,7 @@ class DeMo(torch.optim.Optimizer):
         ])  # fmt: skip
         self._step, self._sent, self._pending, self._own = 0, 0, None, (b"", [])
         self._held, self._views = None, {}  # the last step's momentum stacks and their views (_keep)
+        self._scratch = tuple(Scratch() for _ in self._groups)  # a step's temporaries, reused each step
         self.stats = {"steps": 0, "sent_bytes": 0, "received_bytes": 0, "missing": 0}
         self._math = demo_math(
             compression_decay=compression_decay, topk=topk, chunk=chunk, transform=transform,
@@ -166,7 +168,7 @@ class DeMo(torch.optim.Optimizer):
         # payload keeps the same tensors, which the exchange needs.
         grads = {name: p.grad if p.grad is not None else torch.zeros_like(p) for name, p, _ in named}
         sent, self._pending = self._math.compress(
-            grads, self._momentum(named), {name: group["lr"] for name, _, group in named}
+            grads, self._momentum(named), {name: group["lr"] for name, _, group in named}, self._scratch
         )
         parts = [
             encode_sparse(s.indices.cpu().numpy(), s.values.float().cpu().numpy(), group.chunk_numel,
@@ -186,7 +188,7 @@ class DeMo(torch.optim.Optimizer):
                 "DeMo.end_step() without begin_step(): call step(), or both halves in order"
             )
         gathered = self._decode(rows)
-        directions, state = self._math.direction(gathered, self._pending)
+        directions, state = self._math.direction(gathered, self._pending, self._scratch)
         self._pending = None
         self._keep(state)
         self._sign_step(state.groups, directions)
@@ -235,9 +237,16 @@ class DeMo(torch.optim.Optimizer):
         return DeMoState(tuple(stacks), self._step, self._groups)
 
     def _keep(self, state: DeMoState) -> None:
-        """Each tensor's state holds its rows of its group's stack (a view: nothing is copied)."""
+        """Each tensor's state holds its rows of its group's stack (a view: nothing is copied). The stacks
+        are updated in place (the math's scratch), so the views of the last step still hold when they are
+        the same stacks: then only the step count moves."""
         params = {name: p for name, p, _ in self._named()}
-        self._held, self._views = state, {}
+        held, self._held = self._held, state
+        if held is not None and all(a is b for a, b in zip(held.momentum, state.momentum, strict=True)):
+            for name in self._views:
+                self.state[params[name]]["step"] = state.step
+            return
+        self._views = {}
         for group, splits, stack in zip(state.groups, self._splits, state.momentum, strict=True):
             for name, rows in zip(group.names, stack.split(splits), strict=True):
                 self.state[params[name]][MOMENTUM], self.state[params[name]]["step"] = rows, state.step
