@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import os
 import time
 
 import torch
 
-from slowlink import sim
 from slowlink.bench import runners
 from slowlink.bench.config import preset
 from slowlink.bench.run import make_task
@@ -30,26 +28,15 @@ def main() -> None:
     args = parser.parse_args()
     config = dataclasses.replace(preset("full", seed=args.seed), demo_topk=args.topk, demo_lr=args.lr)
     torch.set_num_threads(1)  # as the bench runs each entry
-    # The bench's simulate_demo passes topk and chunk only; the other DeMo options are added to its sim call
-    runners.sim = _WithOptions(subtract=args.subtract, transform=args.transform)
     load, began = os.getloadavg()[0], time.process_time()
-    outcome = runners.run_demo("demo", make_task(config), config, lambda *_: None)
+    outcome = runners.run_demo("demo", make_task(config), config, lambda *_: None, subtract=args.subtract,
+                               transform=args.transform)  # fmt: skip
     # bytes_sent counts a ring all-gather's M−1 hops; divided by them, one node's own payload
     hops = config.workers - 1
     print(f"DeMo topk {args.topk}, subtract {args.subtract}, lr {args.lr}, {args.transform}, seed {args.seed}: "
           f"held-out {outcome.heldout_loss:.4f}, {outcome.bytes_sent / config.steps / hops:,.0f} B/step sent "
           f"per worker ({outcome.bytes_sent / config.steps:,.0f} with the ring's hops), "
           f"{time.process_time() - began:.0f} CPU-s, load {load:.2f} → {os.getloadavg()[0]:.2f}")  # fmt: skip
-
-
-class _WithOptions:
-    """The sim package as runners sees it, its run_demo called with extra DeMo options."""
-
-    def __init__(self, **options) -> None:
-        self.run_demo = functools.partial(sim.run_demo, **options)
-
-    def __getattr__(self, name: str):
-        return getattr(sim, name)
 
 
 if __name__ == "__main__":

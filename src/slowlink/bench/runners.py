@@ -144,19 +144,20 @@ def run_ddp(name: str, task: Task, config: BenchConfig, progress: Progress) -> O
                    samples=config.workers * config.steps * config.batch_size, syncs=config.steps)  # fmt: skip
 
 
-def simulate_demo(task: Task, config: BenchConfig, loss=None):
-    """The bench's sim.run_demo: sl.DeMo on config.workers nodes, the task's model, batches and schedule."""
+def simulate_demo(task: Task, config: BenchConfig, loss=None, **options):
+    """The bench's sim.run_demo: sl.DeMo on config.workers nodes, the task's model, batches and schedule;
+    options: more of sl.DeMo's (subtract, transform, ...), for the checks in benchmarks/."""
     return sim.run_demo(task.make_model, task.batch, workers=config.workers, steps=config.steps,
                         lr=config.demo_lr, lr_factor=task.lr_factor, step_seconds=config.step_time,
                         network=network_of(config, task, "allreduce"), seed=config.seed, loss=loss or task.loss,
-                        topk=config.demo_topk, chunk=64)  # fmt: skip
+                        topk=config.demo_topk, chunk=64, **options)  # fmt: skip
 
 
-def run_demo(name: str, task: Task, config: BenchConfig, progress: Progress) -> Outcome:
+def run_demo(name: str, task: Task, config: BenchConfig, progress: Progress, **options) -> Outcome:
     """DeMo (research/algorithms.md §6): each step, each node all-gathers its top-k DCT coefficients of
     momentum, packed as wire/sparse.py packs them (int16 index, bf16 value), through a ring: M−1 hops of one
     node's payload each way. Every node applies the same sign step, so node 0's model is everyone's."""
-    result = simulate_demo(task, config, counted_loss(task, config, progress))
+    result = simulate_demo(task, config, counted_loss(task, config, progress), **options)
     hops = config.workers - 1
     moved = hops * sum(result.bytes_per_step)  # a ring all-gather: each node passes on M−1 payloads
     return Outcome(name=name, heldout_loss=task.evaluate(result.models[0]),
