@@ -142,6 +142,9 @@ def test_the_tensorboard_adapter_writes_the_metrics_and_event_counts_a_summary_w
             session.step(samples=4)
             if step % 4 == 0:
                 logged.append(board.log(session))
+    # Once more after leaving, which waited for the rounds in flight: every upload's event has come by then (on
+    # a busy machine, none may have come by step 8).
+    logged.append(board.log(session))
     board.close()
     accumulator = EventAccumulator(str(tmp_path))
     accumulator.Reload()
