@@ -39,6 +39,10 @@ class CommitFeed:
         self.latencies: deque[float] = deque(maxlen=LATENCIES)  # seconds from sending to finding the commit
         self.looks: dict[int, tuple[int, float]] = {}  # fragment -> (looks since sending, when the last was)
 
+    def latency(self) -> float:
+        """The recent latency of this node's commits: the median of the last LATENCIES, 0 before any."""
+        return statistics.median(self.latencies) if self.latencies else 0.0
+
     def sent(self, fragment: int) -> None:
         self.sent_at[fragment] = self.clock()
         self.looks.pop(fragment, None)
@@ -46,7 +50,7 @@ class CommitFeed:
     def next_look_at(self, awaited: dict[int, object]) -> float:
         """When the next look for a commit awaited (`awaited`, by fragment) is due: LATENCY_SHARE of the
         recent latency after sending, then a quarter of it after a miss, doubling; inf if none is awaited."""
-        latency = statistics.median(self.latencies) if self.latencies else 0.0
+        latency = self.latency()
         times = []
         for fragment in awaited:
             if (sent_at := self.sent_at.get(fragment)) is None:
@@ -60,13 +64,13 @@ class CommitFeed:
         """Whether to look for the commit this node's contribution to `fragment` awaits: not before most of
         the time such commits have taken lately, so that a round that closes on time costs one GET."""
         sent_at = self.sent_at.get(fragment)
-        latency = statistics.median(self.latencies) if self.latencies else 0.0
+        latency = self.latency()
         return sent_at is None or self.clock() - sent_at >= LATENCY_SHARE * latency
 
     def overdue(self, awaited: dict[int, object], slack: float) -> bool:
         """Whether a commit one of this node's contributions awaits (`awaited`, by fragment) is later than
         twice the recent latency and `slack` seconds: then the merger may be gone."""
-        latency = statistics.median(self.latencies) if self.latencies else 0.0
+        latency = self.latency()
         now = self.clock()
         return any(now - self.sent_at.get(q, now) >= 2 * latency + slack for q in awaited)
 
