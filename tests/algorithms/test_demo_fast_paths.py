@@ -1,5 +1,5 @@
 """DeMo's faster paths pinned bit for bit to the definitions they replaced (algorithms/demo.py): the sparse
-average's contributor counts in bytes against float counts, and the stack of rows-of-one chunks by one cat
+average's contributor counts in bytes against float counts, a reused scratch against a fresh one, and the stack of rows-of-one chunks by one cat
 against the chunk-by-chunk copy."""
 
 import torch
@@ -30,6 +30,20 @@ def test_the_contributors_average_is_the_float_count_definition(nodes, chunks, s
     gathered = d.Sparse(indices.reshape(nodes, chunks, k), values)
     expected = _average_with_float_counts(gathered, chunk_numel)
     assert torch.equal(d.sparse_average(gathered, chunk_numel, "contributors"), expected)
+
+
+def test_a_scratch_reused_step_after_step_averages_as_a_fresh_one():
+    # The scratch clears its dense average only where the last step wrote: steps with other picks, other
+    # node counts and both rules must still see zeros everywhere else.
+    generator, chunk_numel, chunks, k = torch.Generator().manual_seed(7), 64, 3, 6
+    scratch = d.Scratch()
+    for step, (nodes, how) in enumerate([(4, "contributors"), (2, "all"), (3, "contributors"), (4, "all")]):
+        indices = torch.stack(
+            [torch.randperm(chunk_numel, generator=generator)[:k] for _ in range(nodes * chunks)]
+        ).reshape(nodes, chunks, k)
+        gathered = d.Sparse(indices, torch.randn(nodes, chunks, k, generator=generator))
+        reused = d.sparse_average(gathered, chunk_numel, how, scratch)
+        assert torch.equal(reused, d.sparse_average(gathered, chunk_numel, how)), f"step {step}"
 
 
 def _stack_chunk_by_chunk(tensors: dict[str, torch.Tensor], group: d.Group) -> torch.Tensor:

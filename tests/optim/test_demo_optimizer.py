@@ -176,3 +176,21 @@ def test_a_loaded_state_resumes_as_if_never_stopped():
     run(range(3, 6), resumed)
     assert torch.equal(r.detach(), p.detach())
     assert torch.equal(resumed.state[r]["momentum_coefficients"], whole.state[p]["momentum_coefficients"])
+
+
+def test_the_sign_step_follows_a_parameter_whose_memory_moved_and_one_that_is_not_contiguous():
+    # The sign step keeps its views of the parameters from step to step: one whose .data is replaced (as a
+    # checkpoint load may do) must step in its new memory, and a transposed one as a contiguous one would.
+    moved = torch.nn.Parameter(torch.zeros(64, 32))
+    strided = torch.nn.Parameter(torch.zeros(32, 64).t())  # (64, 32), not contiguous
+    plain = torch.nn.Parameter(torch.zeros(64, 32))
+    optimizer = sl.DeMo([moved, strided, plain], 0.01, topk=32 * 32, chunk=32, values="f32")
+    for step in range(3):
+        for p in (moved, strided, plain):
+            p.grad = gradients(step)
+        if step == 2:
+            moved.data = moved.detach().clone()  # new memory, the same values
+        optimizer.step()
+        assert torch.equal(moved.detach(), plain.detach()), f"step {step}"
+        assert torch.equal(strided.detach(), plain.detach()), f"step {step}"
+    assert plain.detach().abs().sum() > 0

@@ -124,6 +124,7 @@ class DeMo(torch.optim.Optimizer):
         ])  # fmt: skip
         self._step, self._sent, self._pending, self._own = 0, 0, None, (b"", [])
         self._held, self._views = None, {}  # the last step's momentum stacks and their views (_keep)
+        self._views_key, self._views_made = (), []  # the sign step's views (_step_views)
         self._scratch = tuple(Scratch() for _ in self._groups)  # a step's temporaries, reused each step
         self.stats = {"steps": 0, "sent_bytes": 0, "received_bytes": 0, "missing": 0}
         self._math = demo_math(
@@ -201,21 +202,39 @@ class DeMo(torch.optim.Optimizer):
     def _sign_step(self, groups: tuple[Group, ...], directions: list[torch.Tensor]) -> None:
         """p ← p·(1 − lr·wd) − lr·sign(u), each tensor from its chunks of its group's stack: one foreach call
         per learning rate and weight decay, not two calls a tensor (the same adds, in C++'s loop)."""
-        params = {name: (p, group) for name, p, group in self._named()}
+        options = {name: group for name, _, group in self._named()}
         decays: dict[float, list[torch.Tensor]] = {}
         steps: dict[float, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
-        for group, splits, signs in zip(groups, self._splits, directions, strict=True):
-            for name, piece, layout in zip(group.names, signs.split(splits), group.layouts, strict=True):
-                p, options = params[name]
-                if options["weight_decay"]:
-                    decays.setdefault(1.0 - options["lr"] * options["weight_decay"], []).append(p)
-                targets, updates = steps.setdefault(-options["lr"], ([], []))
-                targets.append(_chunk_view(p, layout) if p.is_contiguous() else p)
-                updates.append(_as_chunks(piece, layout) if p.is_contiguous() else from_chunks(piece, layout))
+        for name, p, target, update, piece, layout in self._step_views(groups, directions):
+            lr, weight_decay = options[name]["lr"], options[name]["weight_decay"]
+            if weight_decay:
+                decays.setdefault(1.0 - lr * weight_decay, []).append(p)
+            targets, updates = steps.setdefault(-lr, ([], []))
+            targets.append(target)
+            updates.append(update if update is not None else from_chunks(piece, layout))
         for factor, tensors in decays.items():
             torch._foreach_mul_(tensors, factor)
         for alpha, (targets, updates) in steps.items():
             torch._foreach_add_(targets, updates, alpha=alpha)
+
+    def _step_views(self, groups: tuple[Group, ...], directions: list[torch.Tensor]) -> list[tuple]:
+        """(name, parameter, what to add to, what to add, its chunks, layout) per tensor: views of the
+        parameter and of its chunks in the direction stacks, made again only when either moved (the stacks
+        are the step's scratch, the same memory every step, so a step need not make some hundred views). A
+        parameter that is not contiguous takes its update as a copy of its chunks each step (None here)."""
+        named = self._named()
+        key = tuple(d.data_ptr() for d in directions) + tuple(p.data_ptr() for _, p, _ in named)
+        if key != self._views_key:
+            params = {name: p for name, p, _ in named}
+            self._views_key, self._views_made = key, []
+            for group, splits, signs in zip(groups, self._splits, directions, strict=True):
+                for name, piece, layout in zip(group.names, signs.split(splits), group.layouts, strict=True):
+                    p = params[name]
+                    contiguous = p.is_contiguous()
+                    target = _chunk_view(p, layout) if contiguous else p
+                    update = _as_chunks(piece, layout) if contiguous else None
+                    self._views_made.append((name, p, target, update, piece, layout))
+        return self._views_made
 
     def _momentum(self, named: list[tuple[str, torch.Tensor, dict]]) -> DeMoState:
         """The momentum's coefficients as the math takes them: the stacks kept at the last step while each
