@@ -56,7 +56,12 @@ def demo_node(rank: int, port: str) -> dict[str, torch.Tensor]:
         model = bench.make_model()
         # exchange=None: DeMo finds the process group and all-gathers through torch.distributed
         optimizer = sl.DeMo(
-            model.parameters(), CONFIG.demo_lr, topk=CONFIG.demo_topk, chunk=64, seed=CONFIG.seed
+            model.parameters(),
+            CONFIG.demo_lr,
+            topk=CONFIG.demo_topk,
+            chunk=64,
+            seed=CONFIG.seed,
+            compression_decay=CONFIG.demo_decay,
         )
         for step in range(CONFIG.steps):  # the loop a user writes, on the bench's schedule
             for group in optimizer.param_groups:

@@ -13,7 +13,7 @@ from slowlink.bench.config import PRESETS, BenchConfig, preset
 from slowlink.cli.main import main
 
 BENCH_OPTIONS = {"--steps", "--workers", "--sync-every", "--fragments", "--overlap-steps", "--batch-size",
-                 "--step-time", "--bandwidth", "--demo-lr", "--demo-topk", "--latency", "--seed", "--methods", "--jobs", "--quick", "--smoke",
+                 "--step-time", "--bandwidth", "--demo-lr", "--demo-topk", "--demo-decay", "--latency", "--seed", "--methods", "--jobs", "--quick", "--smoke",
                  "--model", "--exchange", "--out", "--help"}  # fmt: skip
 
 
@@ -33,6 +33,8 @@ def test_bench_help_lists_exactly_these_options(capsys):
         (["--bandwidth", "fast"], "--bandwidth 'fast' is not a bandwidth"),
         (["--workers", "1"], "--workers 1: a comparison of methods needs at least 2 workers"),
         (["--steps", "x"], "--steps 'x' is not a whole number"),
+        (["--demo-decay", "1"], "--demo-decay 1.0 must lie in [0, 1), e.g. 0.99"),
+        (["--demo-decay", "high"], "--demo-decay 'high' is not a number: write e.g. --demo-decay 0.99"),
     ],
 )
 def test_bad_options_are_refused_with_the_fix_and_nothing_is_written(tmp_path, capsys, argv, message):
@@ -46,6 +48,7 @@ def test_the_presets_are_valid_configs_and_a_change_is_checked_like_a_new_one():
     assert PRESETS["full"] == BenchConfig()
     # DeMo's lr, each the best of those tried on its preset's held-out loss (docs/BENCHMARKS.md, bench and bench-full)
     assert (PRESETS["full"].demo_lr, PRESETS["quick"].demo_lr, PRESETS["smoke"].demo_lr) == (1e-3, 1e-2, 1e-2)
+    assert {PRESETS[name].demo_decay for name in PRESETS} == {0.99}  # the best β of those tried, at both
     assert preset("quick", steps=40).steps == 40
     with pytest.raises(sl.ConfigError, match="preset 'fast' is unknown; choose one of full, quick, smoke"):
         preset("fast")
@@ -69,13 +72,14 @@ def test_the_readmes_bench_command_is_the_quick_preset_of_every_method_into_slow
     assert len(METHODS) == 13
 
 
-def test_seed_and_demo_topk_reach_the_run_and_a_seed_reproduces_it(tmp_path):
+def test_seed_demo_topk_and_demo_decay_reach_the_run_and_a_seed_reproduces_it(tmp_path):
     outcomes = {}
     for name, argv in {
         "seed 0": [],
         "seed 0 again": [],
         "seed 1": ["--seed", "1"],
         "k 8": ["--demo-topk", "8"],
+        "β 0.999": ["--demo-decay", "0.999"],
     }.items():
         out = tmp_path / name.replace(" ", "-")
         assert main(["bench", "--smoke", "--methods", "demo", "--jobs", "1", "--out", str(out), *argv]) == 0
@@ -84,5 +88,6 @@ def test_seed_and_demo_topk_reach_the_run_and_a_seed_reproduces_it(tmp_path):
         del outcome["cpu_seconds"], outcome["real_seconds"]
     assert outcomes["seed 0"] == outcomes["seed 0 again"]  # every number, the curve's included
     assert outcomes["seed 1"]["heldout_loss"] != outcomes["seed 0"]["heldout_loss"]
+    assert outcomes["β 0.999"]["heldout_loss"] != outcomes["seed 0"]["heldout_loss"]  # the preset's is 0.99
     # twice the coefficients per chunk: the packed bytes nearly double (each frame's header is paid once)
     assert 1.7 < outcomes["k 8"]["bytes_per_worker"] / outcomes["seed 0"]["bytes_per_worker"] < 2.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..errors import ConfigError
 from ..ops.console import make_console
 from ..plan.units import parse_bandwidth, parse_count, parse_duration, parse_int
 from .config import BenchConfig, preset
@@ -28,6 +29,7 @@ BENCH_HELP = {  # option -> (metavar, help); the preset gives every default
     "--latency": ("T", "per message hop, e.g. 10ms"),
     "--demo-lr": ("LR", "DeMo's peak learning rate (full: 1e-3; --quick: 1e-2)"),
     "--demo-topk": ("K", "DeMo's coefficients sent per 64×64 chunk (8; --smoke: 4)"),
+    "--demo-decay": ("B", "DeMo's momentum decay β (0.99)"),
     "--seed": ("S", "seed of the models, the data and the schedule"),
     "--methods": ("LIST", f"comma-separated, of {', '.join(METHODS)} (default: all)"),
     "--jobs": ("J", "methods run at once, each in its own process (2); the numbers do not depend on it"),
@@ -87,6 +89,8 @@ def config_of(args: argparse.Namespace) -> BenchConfig:
         changes["overlap_steps"] = parse_int("--overlap-steps", args.overlap_steps, low=0)
     if args.demo_lr is not None:
         changes["demo_lr"] = parse_count("--demo-lr", args.demo_lr, example="1e-3")
+    if args.demo_decay is not None:
+        changes["demo_decay"] = _fraction("--demo-decay", args.demo_decay, example="0.99")
     if args.step_time is not None:
         changes["step_time"] = parse_duration("--step-time", args.step_time)
     if args.latency is not None:
@@ -97,6 +101,14 @@ def config_of(args: argparse.Namespace) -> BenchConfig:
         changes["methods"] = tuple(name.strip() for name in args.methods.split(",") if name.strip())
     changes.update({name: getattr(args, name) for name in ("model", "exchange") if getattr(args, name)})
     return preset("smoke" if args.smoke else "quick" if args.quick else "full", **changes)
+
+
+def _fraction(option: str, text: str, *, example: str) -> float:
+    """A number for an option that BenchConfig then checks for its range (0 allowed, unlike parse_count)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{option} {text!r} is not a number: write e.g. {option} {example}") from None
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -150,7 +150,7 @@ def simulate_demo(task: Task, config: BenchConfig, loss=None, **options):
     return sim.run_demo(task.make_model, task.batch, workers=config.workers, steps=config.steps,
                         lr=config.demo_lr, lr_factor=task.lr_factor, step_seconds=config.step_time,
                         network=network_of(config, task, "allreduce"), seed=config.seed, loss=loss or task.loss,
-                        topk=config.demo_topk, chunk=64, **options)  # fmt: skip
+                        topk=config.demo_topk, chunk=64, **{"compression_decay": config.demo_decay, **options})  # fmt: skip
 
 
 def run_demo(name: str, task: Task, config: BenchConfig, progress: Progress, **options) -> Outcome:
