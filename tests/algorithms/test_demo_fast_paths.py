@@ -1,5 +1,5 @@
 """DeMo's faster paths pinned bit for bit to the definitions they replaced (algorithms/demo.py): the sparse
-average's contributor counts in bytes against float counts, a reused scratch against a fresh one, and the stack of rows-of-one chunks by one cat
+average's contributor counts in bytes against float counts, a scratch reused step after step against a fresh one, and the stack of rows-of-one chunks by one cat
 against the chunk-by-chunk copy."""
 
 import torch
@@ -33,8 +33,8 @@ def test_the_contributors_average_is_the_float_count_definition(nodes, chunks, s
 
 
 def test_a_scratch_reused_step_after_step_averages_as_a_fresh_one():
-    # The scratch clears its dense average only where the last step wrote: steps with other picks, other
-    # node counts and both rules must still see zeros everywhere else.
+    # The dense average and its counts live in the scratch from step to step: steps with other picks, other
+    # node counts and both rules must each start from zeros.
     generator, chunk_numel, chunks, k = torch.Generator().manual_seed(7), 64, 3, 6
     scratch = d.Scratch()
     for step, (nodes, how) in enumerate([(4, "contributors"), (2, "all"), (3, "contributors"), (4, "all")]):

@@ -166,14 +166,14 @@ def sparse_average(
     indices = gathered.indices.permute(1, 0, 2).reshape(chunks, nodes * k)
     values = gathered.values.permute(1, 0, 2).reshape(chunks, nodes * k)
     scratch = scratch if scratch is not None else Scratch()
-    total = scratch.zeros("average", (chunks, chunk_numel), values, at=indices)
+    total = scratch.buffer("average", (chunks, chunk_numel), values).zero_()
     total.scatter_add_(1, indices, values)
     if how == "all":
         return total.div_(max(nodes, 1))
     # Counts in bytes where they fit (a quarter of the memory to clear and add into); exact small integers
     # either way, so the quotients are the same
     tally = torch.uint8 if nodes < 256 else torch.int32
-    counts = scratch.zeros("counts", (chunks, chunk_numel), indices, at=indices, dtype=tally)
+    counts = scratch.buffer("counts", (chunks, chunk_numel), indices, tally).zero_()
     counts.scatter_add_(1, indices, torch.ones(indices.shape, dtype=tally, device=indices.device))
     # total / counts where anything was picked (elsewhere 0 already), without a pass over every coefficient
     return total.scatter_(1, indices, total.gather(1, indices) / counts.gather(1, indices).to(values.dtype))
