@@ -1,5 +1,6 @@
 """The training both sides of the process-group test run: a small model, each node's own seeded data."""
 
+import threading
 import time
 
 import torch
@@ -8,11 +9,16 @@ import slowlink as sl
 
 METHOD = {"sync_every": 4, "fragments": 2, "quorum_size": 2, "overlap_steps": 0, "outer_lr": 0.7}
 STEPS = 16
+# The mailbox side runs its nodes as threads of one process, which share torch's global generator: seeding
+# it and drawing the initial weights must be one step, or the threads' draws interleave and the nodes start
+# from different models (the gloo side's processes each have their own generator).
+_SEEDED_INIT = threading.Lock()
 
 
 def train(rank: int, **session) -> tuple[dict[str, torch.Tensor], sl.SessionStats]:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    with _SEEDED_INIT:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     data = torch.Generator().manual_seed(100 + rank)
     with sl.Session(
