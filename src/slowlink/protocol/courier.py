@@ -47,24 +47,13 @@ class NodeStatus:
 
 
 class Courier:
-    def __init__(
-        self,
-        mailbox: Mailbox,
-        run: Run,
-        method: Method,
-        node_id: str,
-        latest: dict[int, tuple[int, Arrays]],
-        *,
-        emit: Callable[[Event], None],
-        status: Callable[[], NodeStatus],
-        poll_seconds: float,
-        lease_seconds: float,
-        compression: str | None,
-        clock: Clock = REAL,
-        beat_seconds: float | None = None,
-        on_device: Callable[[Arrays], dict] | None = None,  # a commit's parameters to the model's device
-    ) -> None:
-        """beat_seconds: how often the lease is renewed (default: a fraction of the lease, leader.py)."""
+    def __init__(self, mailbox: Mailbox, run: Run, method: Method, node_id: str,
+                 latest: dict[int, tuple[int, Arrays]], *, emit: Callable[[Event], None],
+                 status: Callable[[], NodeStatus], poll_seconds: float, lease_seconds: float,
+                 compression: str | None, clock: Clock = REAL, beat_seconds: float | None = None,
+                 on_device: Callable[[Arrays], dict] | None = None) -> None:  # fmt: skip
+        """beat_seconds: how often the lease is renewed (default: a fraction of the lease, leader.py);
+        on_device: brings a commit's parameters to the model's device."""
         self.mailbox, self.run, self.method, self.node_id = mailbox, run, method, node_id
         self.latest = latest  # fragment -> (version, params): the newest commit this node holds, on host
         self.emit, self.status, self.clock, self.on_device = emit, status, clock, on_device or dict
@@ -99,7 +88,8 @@ class Courier:
         self.head = [version for version, _ in (latest[q] for q in range(len(run.plan)))]  # moved in place
         self.feed = CommitFeed(mailbox, run, node_id, emit, latest, self.head, self._deliver, clock.now)
         self._stopping = threading.Event()
-        self._closing = self._head_unsure = False  # leaving (closing()); a leader's turn failed (stop())
+        # Leaving (closing()); a leader's turn failed (stop()); the training thread waits in gather().
+        self._closing = self._head_unsure = self._gathering = False
         self._thread = threading.Thread(target=self._loop, name=f"slowlink-{node_id}", daemon=True)
 
     @property
@@ -166,10 +156,14 @@ class Courier:
         return found
 
     def gather(self, deadline: float) -> Arrival | None:
+        self._gathering = True
+        self.wake.set()
         try:
             return self.inbox.get(timeout=max(0.0, deadline - self.clock.now()))
         except queue.Empty:
             return None
+        finally:
+            self._gathering = False
 
     def anchors(self) -> dict[int, tuple[int, dict]]:
         """The commits this node holds, brought to the model's device: the node's anchors to start from."""
@@ -215,6 +209,8 @@ class Courier:
             pause = min(pause, CLOSING_SECONDS)
         if self.leadership.is_leader:  # a merger turns when a round it waits for can close (looks.py)
             pause = min(pause, max(0.005, self.merger.next_look_at - self.clock.now()))
+        elif self._gathering:  # the training thread waits for a commit: look when it may be in (follow.py)
+            pause = min(pause, max(0.005, self.feed.next_look_at(self.sent) - self.clock.now()))
         return pause
 
     def turn(self) -> None:

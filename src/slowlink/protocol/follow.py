@@ -4,6 +4,7 @@ the time its commits have taken lately, and a quarter lease apart reads head.jso
 commits only every few (run.HEAD_EVERY), and probes past it where something may be new.
 """
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Callable
@@ -19,6 +20,10 @@ from .run import Run, read_commit, read_head
 Deliver = Callable[[int, int, Arrays, dict], None]  # (fragment, version, parameters, commit record)
 LATENCY_SHARE = 0.75  # an awaited commit is first looked for this share of its recent latency after sending
 LATENCIES = 5  # recent latencies kept: their median, which one slow round does not move, is the estimate
+# After a first look that misses, the next comes a quarter of the recent latency later, then each twice as
+# long after the one before (at least MIN_GAP apart). Left to the courier's backoff, the next look came a
+# poll or more later, which the latency then measured: rounds that took 0.2 s were seen after 0.6 s or so.
+MIN_GAP = 0.02
 
 
 class CommitFeed:
@@ -32,21 +37,40 @@ class CommitFeed:
         self.head_etag: str | None = None
         self.sent_at: dict[int, float] = {}  # fragment -> when this node's contribution awaiting it went out
         self.latencies: deque[float] = deque(maxlen=LATENCIES)  # seconds from sending to finding the commit
+        self.looks: dict[int, tuple[int, float]] = {}  # fragment -> (looks since sending, when the last was)
+
+    def latency(self) -> float:
+        """The recent latency of this node's commits: the median of the last LATENCIES, 0 before any."""
+        return statistics.median(self.latencies) if self.latencies else 0.0
 
     def sent(self, fragment: int) -> None:
         self.sent_at[fragment] = self.clock()
+        self.looks.pop(fragment, None)
+
+    def next_look_at(self, awaited: dict[int, object]) -> float:
+        """When the next look for a commit awaited (`awaited`, by fragment) is due: LATENCY_SHARE of the
+        recent latency after sending, then a quarter of it after a miss, doubling; inf if none is awaited."""
+        latency = self.latency()
+        times = []
+        for fragment in awaited:
+            if (sent_at := self.sent_at.get(fragment)) is None:
+                continue
+            count, last = self.looks.get(fragment, (0, sent_at))
+            gap = max(MIN_GAP, latency / 4) * 2 ** (count - 1)
+            times.append(sent_at + LATENCY_SHARE * latency if count == 0 else last + gap)
+        return min(times, default=math.inf)
 
     def due(self, fragment: int) -> bool:
         """Whether to look for the commit this node's contribution to `fragment` awaits: not before most of
         the time such commits have taken lately, so that a round that closes on time costs one GET."""
         sent_at = self.sent_at.get(fragment)
-        latency = statistics.median(self.latencies) if self.latencies else 0.0
+        latency = self.latency()
         return sent_at is None or self.clock() - sent_at >= LATENCY_SHARE * latency
 
     def overdue(self, awaited: dict[int, object], slack: float) -> bool:
         """Whether a commit one of this node's contributions awaits (`awaited`, by fragment) is later than
         twice the recent latency and `slack` seconds: then the merger may be gone."""
-        latency = statistics.median(self.latencies) if self.latencies else 0.0
+        latency = self.latency()
         now = self.clock()
         return any(now - self.sent_at.get(q, now) >= 2 * latency + slack for q in awaited)
 
@@ -77,6 +101,8 @@ class CommitFeed:
     def catch_up(self, fragment: int, awaited: dict[int, object] | None = None) -> None:
         """Fetch the commits after the newest held until a key is not there yet; with `awaited` (the
         contributions awaiting their commit, by fragment), only while `fragment` is in it."""
+        if awaited is not None and fragment in self.sent_at:
+            self.looks[fragment] = (self.looks.get(fragment, (0, 0.0))[0] + 1, self.clock())
         try:
             while awaited is None or fragment in awaited:
                 version = self.latest[fragment][0] + 1
