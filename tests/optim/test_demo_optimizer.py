@@ -184,13 +184,21 @@ def test_the_sign_step_follows_a_parameter_whose_memory_moved_and_one_that_is_no
     moved = torch.nn.Parameter(torch.zeros(64, 32))
     strided = torch.nn.Parameter(torch.zeros(32, 64).t())  # (64, 32), not contiguous
     plain = torch.nn.Parameter(torch.zeros(64, 32))
-    optimizer = sl.DeMo([moved, strided, plain], 0.01, topk=32 * 32, chunk=32, values="f32")
-    for step in range(3):
+    square, square_plain = torch.nn.Parameter(torch.zeros(32, 32)), torch.nn.Parameter(torch.zeros(32, 32))
+    optimizer = sl.DeMo(
+        [moved, strided, plain, square, square_plain], 0.01, topk=32 * 32, chunk=32, values="f32"
+    )
+    for step in range(4):
         for p in (moved, strided, plain):
             p.grad = gradients(step)
+        square.grad = square_plain.grad = gradients(step, (32, 32))
         if step == 2:
             moved.data = moved.detach().clone()  # new memory, the same values
+        if step == 3:  # the same memory, transposed: the values a contiguous copy would hold, other strides
+            square.data = square.data.t()
+            square_plain.data.copy_(square_plain.data.t().clone())  # in place: its memory stays
         optimizer.step()
         assert torch.equal(moved.detach(), plain.detach()), f"step {step}"
         assert torch.equal(strided.detach(), plain.detach()), f"step {step}"
+        assert torch.equal(square.detach(), square_plain.detach()), f"step {step}"
     assert plain.detach().abs().sum() > 0

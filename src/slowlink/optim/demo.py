@@ -223,7 +223,8 @@ class DeMo(torch.optim.Optimizer):
         are the step's scratch, the same memory every step, so a step need not make some hundred views). A
         parameter that is not contiguous takes its update as a copy of its chunks each step (None here)."""
         named = self._named()
-        key = tuple(d.data_ptr() for d in directions) + tuple(p.data_ptr() for _, p, _ in named)
+        # Memory and strides: a square parameter whose .data became its own transpose keeps its address
+        key = tuple(d.data_ptr() for d in directions) + tuple((p.data_ptr(), p.stride()) for _, p, _ in named)
         if key != self._views_key:
             params = {name: p for name, p, _ in named}
             self._views_key, self._views_made = key, []
