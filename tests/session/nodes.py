@@ -6,10 +6,16 @@ import torch
 
 import slowlink as sl
 
+# Sessions here run as threads of one process, which share torch's global generator: seeding it and drawing
+# a model's initial weights is one step under this lock, or two threads' draws interleave and their nodes
+# start from different models (the race that made a threaded exactness test fail one run in ten).
+SEEDED_INIT = threading.Lock()
+
 
 def tiny_mlp(seed: int = 0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    with SEEDED_INIT:
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
 
 
 def batches(node: int, steps: int, size: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -34,14 +40,15 @@ def sgd_step(model: torch.nn.Module, batch, lr: float) -> float:
 
 def wide_mlp(seed: int = 0) -> torch.nn.Module:
     """67k parameters: payloads large enough that their bytes, not the records', dominate the traffic."""
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(
-        torch.nn.Linear(3, 256),
-        torch.nn.Tanh(),
-        torch.nn.Linear(256, 256),
-        torch.nn.Tanh(),
-        torch.nn.Linear(256, 1),
-    )
+    with SEEDED_INIT:
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(
+            torch.nn.Linear(3, 256),
+            torch.nn.Tanh(),
+            torch.nn.Linear(256, 256),
+            torch.nn.Tanh(),
+            torch.nn.Linear(256, 1),
+        )
 
 
 def run_nodes(

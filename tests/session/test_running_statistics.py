@@ -9,13 +9,15 @@ import torch
 
 import slowlink as sl
 from slowlink.protocol.run import read_commit, read_run
+from tests.session.nodes import SEEDED_INIT
 
 
 def batchnorm_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 1)
-    )
+    with SEEDED_INIT:  # built in the nodes' threads
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 1)
+        )
 
 
 def test_running_statistics_far_from_their_start_do_not_get_an_honest_first_round_rejected(tmp_path):
