@@ -2,7 +2,8 @@
 code path (bench.runners.run_demo). With --topk 4096 (every coefficient of a 64×64 chunk) nothing is
 compressed: --subtract 1 makes it signSGD of the averaged gradient, --subtract 0 close to signum. The check
 behind docs/BENCHMARKS.md's "Checks on the DeMo and DiLoCo gaps". Usage:
-PYTHONPATH=src python benchmarks/bench_demo_dense.py [--topk K] [--subtract S] [--lr LR] [--decay B] [--seed S] [--preset P]"""
+PYTHONPATH=src python benchmarks/bench_demo_dense.py [--topk K] [--subtract S] [--lr LR] [--decay B]
+[--batch-size N] [--seed S] [--preset P]"""
 
 from __future__ import annotations
 
@@ -27,8 +28,11 @@ def main() -> None:
     parser.add_argument("--preset", default="full", help="the bench preset: full, quick or smoke")
     parser.add_argument("--transform", default="dct")
     parser.add_argument("--decay", type=float, default=None, help="momentum's β (the preset's)")
+    parser.add_argument("--batch-size", type=int, default=None, help="sequences per worker (the preset's)")
     args = parser.parse_args()
     config = dataclasses.replace(preset(args.preset, seed=args.seed), demo_topk=args.topk)
+    if args.batch_size is not None:
+        config = dataclasses.replace(config, batch_size=args.batch_size)
     config = dataclasses.replace(config, demo_lr=args.lr or config.demo_lr,
                                  demo_decay=config.demo_decay if args.decay is None else args.decay)  # fmt: skip
     torch.set_num_threads(1)  # as the bench runs each entry
@@ -37,7 +41,7 @@ def main() -> None:
                                transform=args.transform)  # fmt: skip
     # bytes_sent counts a ring all-gather's M−1 hops; divided by them, one node's own payload
     hops = config.workers - 1
-    print(f"{args.preset}: DeMo topk {args.topk}, subtract {args.subtract}, lr {config.demo_lr}, β {config.demo_decay}, {args.transform}, "
+    print(f"{args.preset}: DeMo topk {args.topk}, batch {config.batch_size}, subtract {args.subtract}, lr {config.demo_lr}, β {config.demo_decay}, {args.transform}, "
           f"seed {args.seed}: "
           f"held-out {outcome.heldout_loss:.4f}, {outcome.bytes_sent / config.steps / hops:,.0f} B/step sent "
           f"per worker ({outcome.bytes_sent / config.steps:,.0f} with the ring's hops), "
