@@ -13,7 +13,7 @@ from slowlink.bench.config import PRESETS, BenchConfig, preset
 from slowlink.cli.main import main
 
 BENCH_OPTIONS = {"--steps", "--workers", "--sync-every", "--fragments", "--overlap-steps", "--batch-size",
-                 "--step-time", "--bandwidth", "--demo-lr", "--demo-topk", "--demo-decay", "--latency", "--seed", "--methods", "--jobs", "--quick", "--smoke",
+                 "--step-time", "--bandwidth", "--lr", "--demo-lr", "--demo-topk", "--demo-decay", "--latency", "--seed", "--methods", "--jobs", "--quick", "--smoke",
                  "--model", "--exchange", "--out", "--help"}  # fmt: skip
 
 
@@ -33,6 +33,8 @@ def test_bench_help_lists_exactly_these_options(capsys):
         (["--bandwidth", "fast"], "--bandwidth 'fast' is not a bandwidth"),
         (["--workers", "1"], "--workers 1: a comparison of methods needs at least 2 workers"),
         (["--steps", "x"], "--steps 'x' is not a whole number"),
+        (["--lr", "2"], "--lr 2.0 must lie in (0, 1), e.g. 1e-3"),
+        (["--lr", "fast"], "--lr 'fast' is not a number: write e.g. --lr 1e-3"),
         (["--demo-decay", "1"], "--demo-decay 1.0 must lie in [0, 1), e.g. 0.99"),
         (["--demo-decay", "high"], "--demo-decay 'high' is not a number: write e.g. --demo-decay 0.99"),
     ],
@@ -91,3 +93,21 @@ def test_seed_demo_topk_and_demo_decay_reach_the_run_and_a_seed_reproduces_it(tm
     assert outcomes["β 0.999"]["heldout_loss"] != outcomes["seed 0"]["heldout_loss"]  # the preset's is 0.99
     # twice the coefficients per chunk: the packed bytes nearly double (each frame's header is paid once)
     assert 1.7 < outcomes["k 8"]["bytes_per_worker"] / outcomes["seed 0"]["bytes_per_worker"] < 2.0
+
+
+def test_lr_is_the_peak_of_every_adamw_the_bench_builds_and_moves_ddp_and_diloco(tmp_path):
+    from slowlink.bench.run import make_task
+
+    task = make_task(preset("smoke", lr=3e-3))
+    optimizer = task.optimizer(task.make_model().parameters())
+    assert optimizer.peaks == [3e-3, 3e-3]  # both groups: decayed matrices and the rest
+    losses = {}
+    for name, argv in {"default": [], "3e-3": ["--lr", "3e-3"]}.items():
+        out = tmp_path / name
+        argv = ["bench", "--smoke", "--methods", "ddp,diloco", "--jobs", "1", "--out", str(out), *argv]
+        assert main(argv) == 0
+        outcomes = json.loads((out / "results.json").read_text())["outcomes"]
+        losses[name] = {outcome["name"]: outcome["heldout_loss"] for outcome in outcomes}
+    assert losses["default"].keys() == {"ddp", "diloco"}
+    for method in ("ddp", "diloco"):
+        assert losses["3e-3"][method] != losses["default"][method]

@@ -27,6 +27,7 @@ BENCH_HELP = {  # option -> (metavar, help); the preset gives every default
         "each worker's link, e.g. 1Mbps (default: one all-reduce of the model takes 90 steps)",
     ),
     "--latency": ("T", "per message hop, e.g. 10ms"),
+    "--lr": ("LR", "AdamW's peak learning rate: DDP's and the DiLoCo family's inner one (1e-3)"),
     "--demo-lr": ("LR", "DeMo's peak learning rate (full: 1e-3; --quick: 1e-2)"),
     "--demo-topk": ("K", "DeMo's coefficients sent per 64×64 chunk (8; --smoke: 4)"),
     "--demo-decay": ("B", "DeMo's momentum decay β (0.99)"),
@@ -87,6 +88,8 @@ def config_of(args: argparse.Namespace) -> BenchConfig:
             )
     if args.overlap_steps is not None:
         changes["overlap_steps"] = parse_int("--overlap-steps", args.overlap_steps, low=0)
+    if args.lr is not None:
+        changes["lr"] = parse_count("--lr", args.lr, example="1e-3")
     if args.demo_lr is not None:
         changes["demo_lr"] = parse_count("--demo-lr", args.demo_lr, example="1e-3")
     if args.demo_decay is not None:

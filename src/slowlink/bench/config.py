@@ -31,6 +31,7 @@ class BenchConfig:
     latency: float = 0.01  # seconds per message hop
     exchange: str = "allreduce"  # how DiLoCo's rounds travel; DDP and DeMo always use a ring
     eval_windows: int = 64  # held-out windows for the final loss
+    lr: float = 1e-3  # AdamW's peak learning rate: DDP's, and the inner one of every DiLoCo-family method
     demo_topk: int = 8
     # DeMo's peak learning rate, chosen by held-out loss on each preset (docs/BENCHMARKS.md): on the full one's
     # small model, 3e-4, 1e-3, 2e-3, 3e-3 and 1e-2 end at 2.759, 2.336, 2.488, 2.626 and 2.758 (1e-2, the tiny
@@ -66,6 +67,8 @@ class BenchConfig:
             raise ConfigError(
                 f"--exchange {self.exchange!r} is unknown; choose one of {', '.join(EXCHANGES)}"
             )
+        if not 0 < self.lr < 1:
+            raise ConfigError(f"--lr {self.lr} must lie in (0, 1), e.g. 1e-3")
         if not 0 < self.demo_lr < 1:
             raise ConfigError(f"--demo-lr {self.demo_lr} must lie in (0, 1), e.g. 1e-3")
         if not 0 <= self.demo_decay < 1:

@@ -78,7 +78,7 @@ def run_bench(config: BenchConfig, view, save: Callable[[BenchResult], object] |
 
 def make_task(config: BenchConfig) -> Task:
     return Task(config.model, seed=config.seed, batch_size=config.batch_size, steps=config.steps,
-                eval_windows=config.eval_windows)  # fmt: skip
+                eval_windows=config.eval_windows, lr=config.lr)  # fmt: skip
 
 
 def run_entry(name: str, config: BenchConfig, view) -> Outcome:

@@ -13,15 +13,17 @@ import numpy as np
 import torch
 
 from ..demo.corpus import WINDOW, heldout_windows, load_corpus
-from ..demo.model import CLIP, GPT, SIZES, GPTConfig, build_model, evaluate, loss_on, make_optimizer
+from ..demo.model import CLIP, GPT, PEAK_LR, SIZES, GPTConfig, build_model, evaluate, loss_on, make_optimizer
 
 MICRO = GPTConfig(d_model=32, layers=2, heads=2)  # about 20k parameters: the tests' bench, in seconds
 WARMUP, FINAL = 0.05, 0.1  # §8: linear warm-up over 5% of the steps, then cosine down to 10%
 
 
 class Task:
-    def __init__(self, model: str, *, seed: int, batch_size: int, steps: int, eval_windows: int) -> None:
-        self.size, self.seed, self.batch_size, self.steps = model, seed, batch_size, steps
+    def __init__(
+        self, model: str, *, seed: int, batch_size: int, steps: int, eval_windows: int, lr: float = PEAK_LR
+    ) -> None:
+        self.size, self.seed, self.batch_size, self.steps, self.lr = model, seed, batch_size, steps, lr
         self.corpus = load_corpus()
         self.heldout = heldout_windows(self.corpus, eval_windows)
         self._models: list[GPT] = []
@@ -61,10 +63,11 @@ class Task:
         return FINAL + (1 - FINAL) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     def optimizer(self, parameters) -> Scheduled:
-        """The demo's AdamW recipe (decay on matrices, clip 1.0) on this schedule, for a model made here."""
+        """The demo's AdamW recipe (decay on matrices, clip 1.0) at the task's peak lr on this schedule, for a
+        model made here."""
         parameters = list(parameters)
         model = next(m for m in self._models if next(m.parameters()) is parameters[0])
-        return Scheduled(make_optimizer(model), parameters, self.lr_factor)
+        return Scheduled(make_optimizer(model, self.lr), parameters, self.lr_factor)
 
     def evaluate(self, model: GPT) -> float:
         return evaluate(model, self.heldout)

@@ -124,11 +124,11 @@ WEIGHT_DECAY = 0.1
 CLIP = 1.0
 
 
-def make_optimizer(model: nn.Module) -> torch.optim.AdamW:
+def make_optimizer(model: nn.Module, lr: float = PEAK_LR) -> torch.optim.AdamW:
     decay = [p for name, p in model.named_parameters() if p.dim() == 2 and "emb" not in name]
     no_decay = [p for name, p in model.named_parameters() if not (p.dim() == 2 and "emb" not in name)]
     groups = [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=PEAK_LR, betas=BETAS)
+    return torch.optim.AdamW(groups, lr=lr, betas=BETAS)
 
 
 def lr_at(step: int, warmup: int = 20) -> float:
