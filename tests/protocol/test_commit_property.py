@@ -8,13 +8,14 @@ import re
 from dataclasses import dataclass, field
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
 from slowlink.algorithms.diloco import DiLoCo
 from slowlink.errors import PayloadError
 from slowlink.mailbox.faulty import Faulty
-from slowlink.protocol import contribution, keys, records
+from slowlink.protocol import commits, contribution, keys, records
 from slowlink.protocol.run import Run, newest_versions
 from slowlink.wire import payload
 
@@ -317,6 +318,10 @@ FAULTS = st.fixed_dictionaries(
 def test_each_round_is_committed_once_and_adopted_as_committed_whatever_the_interleaving(
     algorithm, faults, moves
 ):
+    # Every commit writes its outer state, so that each can be checked against the one before it (a commit
+    # that names an older one is checked by tests/session/test_takeover.py).
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(commits, "OUTER_EVERY", 1)
     ledger = Ledger()
     world = World(ledger, algorithm, create_run(ledger, algorithm))
     store = Faulty(ledger, after_write_share=0.5, **faults)
@@ -326,4 +331,5 @@ def test_each_round_is_committed_once_and_adopted_as_committed_whatever_the_inte
     finally:
         for node in world.nodes:
             node.stop()
+        monkeypatch.undo()
     check_history(world)

@@ -8,6 +8,7 @@ import threading
 import time
 
 import slowlink as sl
+from slowlink.protocol.commits import OUTER_EVERY
 from slowlink.protocol.run import HEAD_EVERY
 from tests.session.nodes import batches, sgd_step, tiny_mlp
 
@@ -47,6 +48,9 @@ def test_a_commit_costs_the_merger_no_summary_or_garbage_requests_and_a_learner_
     # (it wrote them: they are in the store for a merger that takes over).
     # A contribution is one object: one PUT to publish it, one GET to read it whole.
     assert mine["PUT rounds/"] == stats[merger].contributions_sent
+    # Each commit puts its parameters; the outer state (only a new merger reads it) goes with one commit in
+    # OUTER_EVERY of each fragment, the first included; the run's creator put the initial model's two blobs.
+    assert mine["PUT blobs/"] <= commits + 2 * (commits // (2 * OUTER_EVERY) + 1) + 2
     merged = stats[learner].contributions_sent - stats[learner].contributions_late
     # A look lists rounds/ once a round is under way (what any node wrote to it by then is judged), then
     # reads the one contribution it waits for by its key: at most one request, as a LIST, and a hit needs no

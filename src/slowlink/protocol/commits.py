@@ -5,6 +5,9 @@ small share of the traffic), all behind one create-once record.
 A commit's `params` is the digest of its parameters, whether or not their blob is stored: a node rebuilds
 them from the newest snapshot and the changes since (run.params_at) and checks them against it. With a
 float32 commit encoding every commit is a snapshot and carries no change.
+
+The outer state is read by a new merger alone, so it is written with a snapshot only every OUTER_EVERY
+rounds; every commit names the newest one written (`outer_state`, and `outer_round` when it is older).
 """
 
 import math
@@ -22,6 +25,9 @@ from .run import KEEP_COMMITS, MAX_CHAIN, Run, advance_head, listed_etag, put_bl
 
 SNAPSHOT_SHARE = 0.5  # the most a snapshot, spread over the rounds until the next, adds to a change
 MAX_SNAPSHOT_EVERY = 32  # a joiner reads at most this many changes after the snapshot it starts from
+# Rounds between two writes of the outer state (at the snapshot due then): it is as large as the parameters,
+# and only a merger taking over reads it, carrying on from a state at most this many rounds old.
+OUTER_EVERY = 8
 
 
 class CommitWriter:
@@ -32,6 +38,7 @@ class CommitWriter:
         self.snapshot_every = wire.snapshot_every
         self.residuals: dict[int, Arrays] = {}  # fragment -> what the commits' encoding has lost so far
         self.last_snapshot: dict[int, int] = {}  # fragment -> the round of its newest snapshot, when known
+        self.last_outer: dict[int, tuple[int, str]] = {}  # fragment -> (round, sha) of the outer state it wrote
         self.unreadable: dict[str, int] = {}  # commit key -> turns it failed its checks in (junk or squatted)
 
     def write(self, fragment: int, round_: int, params: Arrays, anchor: Arrays, state: Arrays, fields: dict,
@@ -51,21 +58,35 @@ class CommitWriter:
             del data
         else:  # the digest of the payload a snapshot would hold, without building it
             params_sha = payload.digest_of(committed, params_header)
-        # A method that keeps no state (e.g. DiLoCo without momentum) stores none.
-        outer_sha = (
-            put_blob(self.mailbox, payload.pack(state, header | {"kind": "outer"}))
-            if snapshot and state
-            else None
-        )
+        outer_round, outer_sha, outer_written = self._outer(fragment, round_, snapshot, state, header)
         record = {"fragment": fragment, "round": round_, "params": params_sha, "outer_state": outer_sha,
                   "change": change_sha, "snapshot": snapshot, **fields}  # fmt: skip
-        if not self._write_create_once(fragment, round_, record, head):
+        if outer_sha is not None and outer_round != round_:
+            record["outer_round"] = outer_round
+        written = [sha for sha in (params_sha if snapshot else None, change_sha, outer_written) if sha]
+        if not self._write_create_once(fragment, round_, record, head, written):
             return None
         if residual is not None:
             self.residuals[fragment] = residual
         if snapshot:
             self.last_snapshot[fragment] = round_
+        if outer_written:
+            self.last_outer[fragment] = (round_, outer_written)
         return committed, record, blob_bytes
+
+    def _outer(self, fragment: int, round_: int, snapshot: bool, state: Arrays, header: dict):
+        """(round, sha, sha written now or None) of the outer state this commit names: written at a snapshot
+        once the last this merger wrote is OUTER_EVERY rounds old (a new merger writes its first at once),
+        otherwise that one. A method that keeps no state (e.g. DiLoCo without momentum) names none."""
+        if not state:
+            return round_, None, None
+        last = self.last_outer.get(fragment)
+        if last is not None and (not snapshot or round_ - last[0] < OUTER_EVERY):
+            return last[0], last[1], None
+        if not snapshot:  # a lossy chain's first commits by this merger: the outer state waits for a snapshot
+            return round_, None, None
+        sha = put_blob(self.mailbox, payload.pack(state, header | {"kind": "outer"}))
+        return round_, sha, sha
 
     def _change(self, fragment: int, params: Arrays, anchor: Arrays, header: dict):
         """(committed parameters, change sha, new residual, change bytes); without a lossy commit encoding,
@@ -94,8 +115,11 @@ class CommitWriter:
         )
         return round_ - last >= every
 
-    def _write_create_once(self, fragment: int, round_: int, record: dict, head: list[int]) -> bool:
-        """Write the commit create-once; True if this record is the round's commit.
+    def _write_create_once(
+        self, fragment: int, round_: int, record: dict, head: list[int], written: list[str]
+    ) -> bool:
+        """Write the commit create-once; True if this record is the round's commit. written: the blobs put
+        for it, deleted if another leader's commit is the round's and does not name them.
 
         Refused, the key holds either another leader's commit, or our own write whose answer was lost
         (a retried create-once then sees our object): the record says which. A record at the key that
@@ -103,7 +127,6 @@ class CommitWriter:
         node's commit: it is replaced by compare-and-swap on its etag, so a squatted key never blocks its
         round for more than a turn."""
         key = keys.commit(fragment, round_)
-        blobs = [record[field] for field in ("params", "outer_state", "change") if record[field]]
         try:
             self.mailbox.put(key, records.encode(record), if_absent=True)
             return True
@@ -128,7 +151,7 @@ class CommitWriter:
         if existing is not None and existing["params"] == record["params"]:
             return True
         theirs = {existing[field] for field in ("params", "outer_state", "change")} if existing else set()
-        self.mailbox.delete([keys.blob(sha) for sha in blobs if sha not in theirs])
+        self.mailbox.delete([keys.blob(sha) for sha in written if sha not in theirs])
         if existing is not None:  # whoever wrote it may have died before moving head.json: move it for them
             advance_head(self.mailbox, list(head), fragment, round_)
         return False
@@ -142,12 +165,16 @@ def chain_garbage(fragment: int, round_: int, read: Callable[[int], dict | None]
     record = read(oldest_kept) if oldest_kept > 1 else None
     if record is None or not record.get("snapshot", True):
         return []
+    # An outer state stays while a kept commit names it (each names the newest its merger wrote).
+    kept = {kept["outer_state"] for r in range(oldest_kept, round_ + 1) if (kept := read(r)) is not None}
     stale = []
     for old in range(oldest_kept - 1, max(0, oldest_kept - 1 - MAX_CHAIN), -1):
         if (earlier := read(old)) is None:
             break
         stale += [
-            keys.blob(earlier[field]) for field in ("params", "outer_state", "change") if earlier[field]
+            keys.blob(earlier[field])
+            for field in ("params", "outer_state", "change")
+            if earlier[field] and earlier[field] not in kept
         ]
         if earlier.get("snapshot", True):
             break

@@ -265,11 +265,13 @@ class Merger:
 
     def _outer_state(self, fragment: int, version: int, anchor: Arrays) -> Arrays:
         """The method's state after commit `version`: held from this node's own last commit, else read from
-        the newest snapshot at or before it. A new merger thus carries on from a state at most one snapshot
-        interval old: the rounds since moved the parameters (which it rebuilds exactly), not the state."""
+        the store, as the newest commit names it (or, from older code, as the newest snapshot holds it). A
+        new merger thus carries on from a state at most OUTER_EVERY rounds (or a snapshot interval) old: the
+        rounds since moved the parameters (which it rebuilds exactly), not the state."""
         held = self.outer_states.get(fragment)
         if held is not None and held[0] == version:
             return held[1]
+        self.writer.last_outer.pop(fragment, None)  # another merger's commits came between: write anew
         if version == 0:  # the chain starts at the run's initial model, which run.json's blobs hold
             self.writer.last_snapshot.setdefault(fragment, 0)
             return self.method.init_state(anchor)
@@ -278,13 +280,17 @@ class Merger:
             self.judge.remember(fragment, newest["contributors"])
         snapshot_round, record = newest_snapshot(self.mailbox, fragment, version)
         self.writer.last_snapshot[fragment] = snapshot_round
+        if newest is not None and newest["outer_state"] is not None:
+            record = newest
         if record is None or record["outer_state"] is None:
             return self.method.init_state(anchor)
         data = get_blob(self.mailbox, record["outer_state"], self.run.max_payload_bytes(fragment))
         state, _ = payload.unpack(
             data,
             expected_digest=record["outer_state"],
-            expect=self.run.expect(kind="outer", fragment=fragment, round=snapshot_round),
+            expect=self.run.expect(
+                kind="outer", fragment=fragment, round=record.get("outer_round", record["round"])
+            ),
             max_bytes=self.run.max_payload_bytes(fragment),
             expect_shapes=self.run.shapes(fragment),
         )

@@ -233,8 +233,9 @@ COMMIT_FIELDS = {
     "round": COUNT,
     "params": SHA256,
     "outer_state": Maybe(SHA256),
+    "outer_round": Omittable(COUNT),  # the round whose outer state `outer_state` is (absent: this one)
     "change": Maybe(SHA256),
-    "snapshot": Omittable(bool),  # the params and outer_state blobs are stored (absent: true)
+    "snapshot": Omittable(bool),  # the params blob is stored (absent: true)
     "contributors": ListOf(CONTRIBUTOR),
     "rejected": ListOf(REJECTION),
     "merger": NODE,

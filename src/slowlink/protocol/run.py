@@ -276,6 +276,9 @@ def read_commit(mailbox: Mailbox, fragment: int, round_: int) -> dict | None:
         raise PayloadError(
             f"{keys.commit(fragment, round_)} names fragment {record['fragment']} round {record['round']}"
         )
+    if record.get("outer_round", round_) > round_:
+        raise PayloadError(f"{keys.commit(fragment, round_)} names the outer state of a later round, "
+                           f"{record['outer_round']}")  # fmt: skip
     return record
 
 
