@@ -15,7 +15,9 @@ from .nodes import run_nodes, tiny_mlp
 def stored_blobs(record: dict) -> set[str]:
     """The blobs a commit record needs: its change, its parameters in a snapshot, and the outer state it
     names (written with it or with an earlier commit)."""
-    fields = ("params", "outer_state", "change") if record.get("snapshot", True) else ("outer_state", "change")
+    fields = (
+        ("params", "outer_state", "change") if record.get("snapshot", True) else ("outer_state", "change")
+    )
     return {record[field] for field in fields if record[field]}
 
 

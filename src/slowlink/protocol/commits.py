@@ -20,6 +20,7 @@ from ..events import Event
 from ..mailbox.contract import Mailbox
 from ..wire import payload
 from ..wire.commit_change import encode_change
+from ..wire.compress import compress
 from . import keys, records
 from .run import KEEP_COMMITS, MAX_CHAIN, Run, advance_head, listed_etag, put_blob, read_commit
 
@@ -32,13 +33,18 @@ OUTER_EVERY = 8
 
 class CommitWriter:
     def __init__(self, mailbox: Mailbox, run: Run, wire: WireOptions, node_id: str,
-                 emit: Callable[[Event], None]) -> None:  # fmt: skip
+                 emit: Callable[[Event], None], compression: str | None = None) -> None:  # fmt: skip
         self.mailbox, self.run, self.node_id, self.emit = mailbox, run, node_id, emit
+        # zstd, as the node's contributions: the change and the outer state. A snapshot's parameters stay as
+        # packed, since a commit names their digest, which every node checks the parameters it rebuilds by.
+        self.compression = compression
         self.encoding = wire.commit_dtype if wire.commit_dtype not in (None, "F32") else None
         self.snapshot_every = wire.snapshot_every
         self.residuals: dict[int, Arrays] = {}  # fragment -> what the commits' encoding has lost so far
         self.last_snapshot: dict[int, int] = {}  # fragment -> the round of its newest snapshot, when known
-        self.last_outer: dict[int, tuple[int, str]] = {}  # fragment -> (round, sha) of the outer state it wrote
+        self.last_outer: dict[
+            int, tuple[int, str]
+        ] = {}  # fragment -> (round, sha) of the outer state it wrote
         self.unreadable: dict[str, int] = {}  # commit key -> turns it failed its checks in (junk or squatted)
 
     def write(self, fragment: int, round_: int, params: Arrays, anchor: Arrays, state: Arrays, fields: dict,
@@ -85,7 +91,7 @@ class CommitWriter:
             return last[0], last[1], None
         if not snapshot:  # a lossy chain's first commits by this merger: the outer state waits for a snapshot
             return round_, None, None
-        sha = put_blob(self.mailbox, payload.pack(state, header | {"kind": "outer"}))
+        sha = put_blob(self.mailbox, self._compressed(payload.pack(state, header | {"kind": "outer"})))
         return round_, sha, sha
 
     def _change(self, fragment: int, params: Arrays, anchor: Arrays, header: dict):
@@ -102,7 +108,11 @@ class CommitWriter:
                             f"{header['round']}: {error}", {"fragment": header["fragment"], "round": header["round"]}))  # fmt: skip
             self.residuals.pop(fragment, None)
             return params, None, None, 0
+        data = self._compressed(data)
         return committed, put_blob(self.mailbox, data), residual, len(data)
+
+    def _compressed(self, data: bytes) -> bytes:
+        return compress(data) if self.compression == "zstd" else data
 
     def _snapshot_due(self, fragment: int, round_: int, change_bytes: int, has_state: bool) -> bool:
         last = self.last_snapshot.get(fragment)

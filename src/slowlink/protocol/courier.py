@@ -79,7 +79,7 @@ class Courier:
         self.failure: BaseException | None = None
         self.leadership = Leadership(mailbox, node_id, lease_seconds, clock.now)
         self.leases = Leases(mailbox, node_id, lease_seconds, clock.now, emit)
-        self.merger = Merger(mailbox, run, method, node_id, emit, clock.now, self.leases)
+        self.merger = Merger(mailbox, run, method, node_id, emit, clock.now, self.leases, compression)
         # fragment -> (round, payload sha) of this node's contribution awaiting its commit: the sha tells this
         # contribution from one of an earlier life of the node under the same id.
         self.sent: dict[int, tuple[int, str]] = {}

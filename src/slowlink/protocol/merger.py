@@ -65,6 +65,7 @@ class Merger:
         emit: Callable[[Event], None],
         clock: Callable[[], float] = time.monotonic,
         leases: Leases | None = None,
+        compression: str | None = None,
     ) -> None:
         self.mailbox, self.run, self.method, self.node_id = mailbox, run, method, node_id
         self.emit, self.clock = emit, clock
@@ -77,7 +78,7 @@ class Merger:
         self.open: dict[int, OpenRound] = {}
         self.head: list[int] = [0] * len(run.plan)
         self.judge = Judge(self.rounds)
-        self.writer = CommitWriter(mailbox, run, self.wire, node_id, emit)
+        self.writer = CommitWriter(mailbox, run, self.wire, node_id, emit, compression)
         self.head_written: Written | None = None  # head.json as this node last wrote it
         self.housekeeping = Housekeeping(mailbox, len(run.plan), node_id, emit, clock)
         self.own: dict[
