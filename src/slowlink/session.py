@@ -169,7 +169,8 @@ class Session:
             schema_digest=schema_digest(self.adapter.schema), plan=plan,
             initial=lambda: [self.adapter.snapshot(group) for group in plan],
             key_id=self.run_key.key_id if self.run_key else None, frozen=frozen_of(self.adapter),
-            statistics=getattr(self.adapter, "statistics", []),
+            statistics=getattr(self.adapter, "statistics", []), node_id=self.node_id, clock=self.clock.now,
+            sleep=self.clock.sleep,
         )  # fmt: skip
         self.plan = self.run.plan
         refuse_if_live(

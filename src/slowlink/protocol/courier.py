@@ -387,7 +387,10 @@ class Courier:
         ready = {q: self.latest[q] for q in range(self.fragments) if self.latest[q][0] == self.head[q]}
         between_syncs = self.status().step_seconds * self._syncs_every  # others' contributions come as often
         self.merger.looks.poll_seconds = self.poll_seconds
-        self.merger.looks.look_seconds = min(self.watch_seconds, max(self.poll_seconds, between_syncs))
+        # Before this node's first step it knows no sync period: nodes ahead of it are looked for every
+        # watch_seconds, not every poll (a node waiting for the others to start would list rounds/ on end).
+        idle = between_syncs if between_syncs > 0 else self.watch_seconds
+        self.merger.looks.look_seconds = min(self.watch_seconds, max(self.poll_seconds, idle))
         for committed in self.merger.step(ready, self.live_nodes, self.head):
             self.head[committed.fragment] = committed.round
             self._deliver(committed.fragment, committed.round, committed.params, committed.record)

@@ -78,6 +78,7 @@ class GossipSession:
         run, created = open_run(
             self.mailbox, config=self.algorithm.to_dict(), schema=adapter.schema, schema_digest=digest,
             plan=plan, initial=lambda: [adapter.snapshot(group) for group in plan], frozen=frozen_of(adapter),
+            node_id=self.node_id,
         )  # fmt: skip
         if not created:  # every node starts from the run's initial model
             data = get_blob(self.mailbox, run.initial[0], max_bytes=run.fragment_bytes(0) + (1 << 20))

@@ -1,6 +1,7 @@
 """Where everything of a run lives in its mailbox. Numbers are fixed-width so byte order is numeric order.
 
 run.json                                  create-once: configuration, schema, plan, initial blobs
+creating.json                             create-once: the node uploading the initial model, beaten meanwhile
 head.json                                 a hint: newest commits every few, moved forward by compare-and-swap
 leader.json                               the merging node, renewed by compare-and-swap
 nodes/<node>.json                         a node's lease: overwritten every beat
@@ -13,6 +14,7 @@ commits/<fragment>/<round>.json           create-once: the commit point and the 
 import re
 
 RUN = "run.json"
+CREATING = "creating.json"
 HEAD = "head.json"
 LEADER = "leader.json"
 NODES = "nodes/"

@@ -6,6 +6,7 @@ any difference, then reads head.json and the newest commit of each fragment (cha
 parameters), whatever the run's length.
 """
 
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from ..errors import PayloadError, PreconditionFailed, RunConfigMismatch
 from ..frameworks.base import compare_frozen, compare_schemas
 from ..mailbox.contract import Mailbox
 from ..wire import payload
-from . import keys, records
+from . import creation, keys, records
 from .trust import ENVIRONMENT_VARIABLE
 
 FORMAT = "slowlink-run-2"  # 2: a contribution is one object, head.json a hint (docs/DESIGN-NOTES.md)
@@ -95,10 +96,14 @@ def read_run(mailbox: Mailbox) -> Run | None:
         )
     if record["format"] != FORMAT:
         raise PayloadError(f"{keys.RUN} has format {record['format']!r}; this slowlink reads {FORMAT!r}")
+    if not isinstance(record.get("key_id"), str | None):
+        raise PayloadError(f"{keys.RUN} field 'key_id' is not a key id")
+    return _run_of(record)
+
+
+def _run_of(record: dict) -> Run:
     schema = [(name, tuple(shape), dtype) for name, shape, dtype in record["schema"]]
     key_id = record.get("key_id")
-    if not isinstance(key_id, str | None):
-        raise PayloadError(f"{keys.RUN} field 'key_id' is not a key id")
     return Run(record["run_id"], record["config"], schema, record["schema_digest"], record["plan"],
                record["initial"], key_id, record.get("frozen", []), record.get("statistics", []))  # fmt: skip
 
@@ -114,43 +119,42 @@ def open_run(
     key_id: str | None = None,
     frozen: list | None = None,
     statistics: list | None = None,
+    node_id: str = "a-node",
+    claim_seconds: float = creation.CLAIM_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[Run, bool]:
     """Join the run in `mailbox`, creating it from `initial()` if there is none. Returns (run, created).
     key_id: the id of the run key this node signs with (its mailbox is then `trust.Signed`), or None.
-    frozen: [name, shape, dtype, sha256] of each tensor the model holds but never sends; a joiner's must match."""
+    frozen: [name, shape, dtype, sha256] of each tensor the model holds but never sends; a joiner's must match.
+    Of nodes that find no run, one creates it while the others wait (creation.py: claim_seconds, clock, sleep)."""
     frozen = frozen or []
     existing = read_run(mailbox)
     if existing is None:
         _refuse_over_history(mailbox)
-        run_id = uuid.uuid4().hex
-        shas = [
-            put_blob(mailbox, payload.pack(arrays, {"run": run_id, "schema": schema_digest, "kind": "params",
-                                                    "fragment": q, "round": 0}))
-            for q, arrays in enumerate(initial())
-        ]  # fmt: skip
-        record = {
-            "format": FORMAT,
-            "run_id": run_id,
-            "config": config,
-            "schema": [[name, list(shape), dtype] for name, shape, dtype in schema],
-            "schema_digest": schema_digest,
-            "plan": plan,
-            "initial": shas,
-            "key_id": key_id,
-            **({"frozen": frozen} if frozen else {}),  # absent when there are none: run.json as it was
-            **({"statistics": statistics} if statistics else {}),
-        }
-        try:
-            mailbox.put(keys.RUN, records.encode(record), if_absent=True)
-            return Run(
-                run_id, config, schema, schema_digest, plan, shas, key_id, frozen, statistics or []
-            ), True
-        except PreconditionFailed:
-            existing = read_run(mailbox)
-            assert existing is not None
-            if existing.run_id == run_id:  # our write landed; only its answer was lost
-                return existing, True
-            mailbox.delete([keys.blob(sha) for sha in shas])  # another node created the run first
+        waiting = creation.Waiting(
+            mailbox, node_id, lambda: read_run(mailbox), claim_seconds=claim_seconds, clock=clock, sleep=sleep
+        )
+        found = waiting.claim_or_find()
+        if isinstance(found, creation.Claim):
+            record = {
+                "format": FORMAT,
+                "run_id": uuid.uuid4().hex,
+                "config": config,
+                "schema": [[name, list(shape), dtype] for name, shape, dtype in schema],
+                "schema_digest": schema_digest,
+                "plan": plan,
+                "key_id": key_id,
+                **({"frozen": frozen} if frozen else {}),  # absent when there are none: run.json as it was
+                **({"statistics": statistics} if statistics else {}),
+            }
+            with found:
+                run = _create(mailbox, record, initial)
+            if run is not None:
+                return run, True
+            found = read_run(mailbox)  # a node that never claimed (or took a stale claim) created it first
+        existing = found
+        assert existing is not None
     if existing.key_id != key_id:  # a signing node never gets here: it cannot read an unsigned run.json
         raise RunConfigMismatch(
             f"this run is signed with run key {existing.key_id}: give every node the same run_key= "
@@ -160,6 +164,27 @@ def open_run(
     compare_frozen(frozen, existing.frozen)
     check_config(config, existing.config)
     return existing, False
+
+
+def _create(mailbox: Mailbox, record: dict, initial: Callable[[], list[Arrays]]) -> Run | None:
+    """Upload the initial blobs, then run.json create-once; the run, or None when another's run.json won
+    (this node's blobs are then deleted)."""
+    shas = [
+        put_blob(mailbox, payload.pack(arrays, {"run": record["run_id"], "schema": record["schema_digest"],
+                                                "kind": "params", "fragment": q, "round": 0}))
+        for q, arrays in enumerate(initial())
+    ]  # fmt: skip
+    record = {**record, "initial": shas}
+    try:
+        mailbox.put(keys.RUN, records.encode(record), if_absent=True)
+    except PreconditionFailed:
+        existing = read_run(mailbox)
+        assert existing is not None
+        if existing.run_id == record["run_id"]:  # our write landed; only its answer was lost
+            return existing
+        mailbox.delete([keys.blob(sha) for sha in shas])
+        return None
+    return _run_of(record)
 
 
 def _refuse_over_history(mailbox: Mailbox) -> None:

@@ -105,6 +105,8 @@ class RunKey:
 
 
 RUN_RECORD = "run.json"  # signed under the empty run id: it is what names the run
+# ... as is the creation claim, written before there is a run (creation.py; only its etag is ever watched)
+UNBOUND = {RUN_RECORD, "creating.json"}
 
 
 class Signed:
@@ -112,14 +114,14 @@ class Signed:
     verifies every one read.
 
     Records other than run.json are bound to the run's id, which this wrapper takes from the first run.json
-    it writes or verifies; before that, only run.json can be read or written."""
+    it writes or verifies; before that, only run.json (and the creation claim) can be read or written."""
 
     def __init__(self, inner: Mailbox, run_key: RunKey) -> None:
         self.inner, self.run_key = inner, run_key
         self.run_id: str | None = None
 
     def _scope(self, key: str) -> str:
-        if key == RUN_RECORD:
+        if key in UNBOUND:
             return ""
         if self.run_id is None:
             raise PayloadError(f"{key} cannot be checked before {RUN_RECORD} names the run it belongs to")

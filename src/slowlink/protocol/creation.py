@@ -1,0 +1,126 @@
+"""The creation claim: of the nodes that start a run at once, one uploads the initial model; the rest wait.
+
+run.json's create-once alone keeps a run single, but each racer would upload its whole initial model before
+trying it (the losers then delete theirs). creating.json, create-once and beaten while its holder uploads,
+makes the others wait for run.json instead. A claim that stops changing for `claim_seconds`, on the
+waiter's clock, is taken over by compare-and-swap; run.json's create-once still decides whatever happens.
+"""
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from ..errors import MailboxError, PreconditionFailed
+from ..mailbox.contract import Mailbox
+from . import keys, records
+
+CLAIM_SECONDS = 15.0  # a claim unchanged this long is a creator gone; a live one rewrites it every fifth
+Found = TypeVar("Found")
+
+
+class Claim:
+    """The right to create the run, held while `beating`: a thread rewrites creating.json every
+    `claim_seconds / 5`, so that waiters see its holder alive through an upload of any length."""
+
+    def __init__(self, mailbox: Mailbox, node_id: str, etag: str, claim_seconds: float) -> None:
+        self.mailbox, self.node_id, self.etag = mailbox, node_id, etag
+        self.every = claim_seconds / 5
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="slowlink-creation-claim", daemon=True)
+
+    def __enter__(self) -> "Claim":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Stop beating and drop the claim, whether the run was created or creating it failed (then a
+        waiter claims at once rather than after `claim_seconds`)."""
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join()
+        try:
+            self.mailbox.delete([keys.CREATING])
+        except MailboxError:
+            pass  # left behind, it goes stale; nobody reads it once run.json is there
+
+    def _beat(self) -> None:
+        beat = 1
+        while not self._stop.wait(self.every):
+            try:
+                self.etag = self.mailbox.put(keys.CREATING, _record(self.node_id, beat), if_match=self.etag)
+                beat += 1
+            except PreconditionFailed:
+                return  # taken over as stale: both may then create, and run.json's create-once picks one
+            except MailboxError:
+                continue  # a missed beat; the next one may land
+
+
+class Waiting(Generic[Found]):
+    """What a node does while another holds the claim: look for what the creator makes (`find`), and
+    take the claim when it is released or goes stale."""
+
+    def __init__(
+        self,
+        mailbox: Mailbox,
+        node_id: str,
+        find: Callable[[], Found | None],
+        *,
+        claim_seconds: float,
+        clock: Callable[[], float],
+        sleep: Callable[[float], None],
+    ) -> None:
+        self.mailbox, self.node_id, self.find = mailbox, node_id, find
+        self.claim_seconds, self.clock, self.sleep = claim_seconds, clock, sleep
+        # Looks start quick (a small model is up in moments) and slow down to a tenth of the timeout.
+        self.first_poll, self.most_poll = min(0.02, claim_seconds / 10), min(1.0, claim_seconds / 10)
+
+    def claim_or_find(self) -> Claim | Found:
+        """A Claim for this node to create with, or what another node created meanwhile. (The caller has
+        just found nothing, so the claim is tried first.)"""
+        seen: tuple[str, float] | None = None  # the claim's etag, and when this node first saw it
+        poll = self.first_poll
+        while True:
+            claim = self._take(if_absent=True)
+            if claim is not None:
+                found = self.find()  # created and released between the caller's look and this claim
+                if found is None:
+                    return claim
+                claim.release()
+                return found
+            while (etag := self._claim_etag()) is not None:
+                if seen is None or seen[0] != etag:
+                    seen = (etag, self.clock())
+                elif self.clock() - seen[1] >= self.claim_seconds:
+                    claim = self._take(if_match=etag)
+                    if claim is not None:
+                        return claim
+                self.sleep(poll)
+                poll = min(self.most_poll, 1.5 * poll)
+                found = self.find()
+                if found is not None:
+                    return found
+            found = self.find()  # the claim was given back: the run is made, or its creator failed
+            if found is not None:
+                return found
+
+    def _take(self, *, if_absent: bool = False, if_match: str | None = None) -> Claim | None:
+        try:
+            etag = self.mailbox.put(
+                keys.CREATING, _record(self.node_id, 0), if_absent=if_absent, if_match=if_match
+            )
+        except PreconditionFailed:
+            return None
+        return Claim(self.mailbox, self.node_id, etag, self.claim_seconds)
+
+    def _claim_etag(self) -> str | None:
+        """The claim's etag, from a listing: its content is never read, so no bytes there can mislead."""
+        listed = [entry for entry in self.mailbox.list(keys.CREATING) if entry.key == keys.CREATING]
+        return listed[0].etag if listed else None
+
+
+def _record(node_id: str, beat: int) -> bytes:
+    return records.encode({"node": node_id, "beat": beat, "time": time.time()})

@@ -1,0 +1,97 @@
+"""The creation claim: nodes that start a run at once upload one initial model between them; a claim whose
+holder is gone is taken over, and one whose holder fails is given back at once."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from slowlink.algorithms.diloco import DiLoCo
+from slowlink.mailbox.memory import MemoryMailbox
+from slowlink.protocol import keys
+from slowlink.protocol.run import open_run
+
+ALGORITHM = DiLoCo(sync_every=10)
+
+
+class Counting(MemoryMailbox):
+    """Counts the bytes put under blobs/, where initial models go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blob_bytes = 0
+        self.lock = threading.Lock()
+
+    def put(self, key, data, **conditions):
+        if key.startswith("blobs/"):
+            with self.lock:
+                self.blob_bytes += len(data)
+        return super().put(key, data, **conditions)
+
+
+def start(mailbox, value: float, *, upload_seconds: float = 0.0, claim_seconds: float = 0.5, **clock):
+    def initial():
+        time.sleep(upload_seconds)  # a large model's upload: the others arrive meanwhile
+        return [{"w": np.full(1000, value, np.float32)}]
+
+    return open_run(mailbox, config=ALGORITHM.to_dict(), schema=[("w", (1000,), "float32")],
+                    schema_digest="0" * 64, plan=[["w"]], initial=initial, node_id=f"node-{int(value)}",
+                    claim_seconds=claim_seconds, **clock)  # fmt: skip
+
+
+def test_of_three_nodes_starting_at_once_one_uploads_an_initial_model_through_an_upload_of_six_claim_timeouts():
+    mailbox, results = Counting(), {}
+    gate = threading.Barrier(3)
+
+    def node(value: float) -> None:
+        gate.wait()
+        results[value] = start(mailbox, value, upload_seconds=3.0, claim_seconds=0.5)
+
+    threads = [threading.Thread(target=node, args=(float(value),)) for value in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    runs = {run.run_id for run, _ in results.values()}
+    assert len(runs) == 1 and sorted(created for _, created in results.values()) == [False, False, True]
+    one_model = 1000 * 4
+    assert one_model < mailbox.blob_bytes < 2 * one_model  # one payload (header included), not three
+    assert mailbox.get(keys.CREATING) is None  # the claim is given back
+
+
+def test_a_claim_left_by_a_creator_that_died_is_taken_over_once_it_has_not_changed_for_claim_seconds():
+    mailbox = MemoryMailbox()
+    mailbox.put(keys.CREATING, b"\x00 junk: never read, only its etag watched", if_absent=True)
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    run, created = start(mailbox, 1.0, claim_seconds=4.0, clock=lambda: now[0], sleep=sleep)
+    assert created and 4.0 <= now[0] <= 4.0 + 0.5  # waited one claim timeout, and little more
+    assert mailbox.get(keys.CREATING) is None
+    assert start(mailbox, 2.0)[0].run_id == run.run_id
+
+
+def test_a_creator_that_fails_gives_the_claim_back_and_a_waiter_creates_at_once():
+    mailbox, began = MemoryMailbox(), threading.Event()
+
+    def failing() -> None:
+        def initial():
+            began.set()
+            time.sleep(0.5)
+            raise OSError("the disk holding the checkpoint went away")
+
+        with pytest.raises(OSError, match="went away"):
+            open_run(mailbox, config=ALGORITHM.to_dict(), schema=[("w", (1000,), "float32")],
+                     schema_digest="0" * 64, plan=[["w"]], initial=initial, claim_seconds=60.0)  # fmt: skip
+
+    creator = threading.Thread(target=failing)
+    creator.start()
+    began.wait()
+    started = time.monotonic()
+    run, created = start(mailbox, 2.0, claim_seconds=60.0)
+    creator.join()
+    assert created and time.monotonic() - started < 10.0  # not the 60 s of a stale claim
+    assert run.initial and mailbox.get(keys.CREATING) is None
