@@ -9,7 +9,7 @@ waiter's clock, is taken over by compare-and-swap; run.json's create-once still 
 import threading
 import time
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 from ..errors import MailboxError, PreconditionFailed
 from ..mailbox.contract import Mailbox
@@ -59,67 +59,65 @@ class Claim:
                 continue  # a missed beat; the next one may land
 
 
-class Waiting(Generic[Found]):
-    """What a node does while another holds the claim: look for what the creator makes (`find`), and
-    take the claim when it is released or goes stale."""
-
-    def __init__(
-        self,
-        mailbox: Mailbox,
-        node_id: str,
-        find: Callable[[], Found | None],
-        *,
-        claim_seconds: float,
-        clock: Callable[[], float],
-        sleep: Callable[[float], None],
-    ) -> None:
-        self.mailbox, self.node_id, self.find = mailbox, node_id, find
-        self.claim_seconds, self.clock, self.sleep = claim_seconds, clock, sleep
-        # Looks start quick (a small model is up in moments) and slow down to a tenth of the timeout.
-        self.first_poll, self.most_poll = min(0.02, claim_seconds / 10), min(1.0, claim_seconds / 10)
-
-    def claim_or_find(self) -> Claim | Found:
-        """A Claim for this node to create with, or what another node created meanwhile. (The caller has
-        just found nothing, so the claim is tried first.)"""
-        seen: tuple[str, float] | None = None  # the claim's etag, and when this node first saw it
-        poll = self.first_poll
-        while True:
-            claim = self._take(if_absent=True)
-            if claim is not None:
-                found = self.find()  # created and released between the caller's look and this claim
-                if found is None:
+def claim_or_find(
+    mailbox: Mailbox,
+    node_id: str,
+    find: Callable[[], Found | None],
+    *,
+    claim_seconds: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> Claim | Found:
+    """A Claim for this node to create with, or what another node created meanwhile (`find`), waiting
+    while another holds the claim and taking it when it is given back or goes stale. (The caller has just
+    found nothing, so the claim is tried first.)"""
+    seen: tuple[str, float] | None = None  # the claim's etag, and when this node first saw it
+    # Looks start quick (a small model is up in moments) and slow down to a tenth of the timeout.
+    poll, most_poll = min(0.02, claim_seconds / 10), min(1.0, claim_seconds / 10)
+    while True:
+        claim = _take(mailbox, node_id, claim_seconds, if_absent=True)
+        if claim is not None:
+            found = find()  # created and released between the caller's look and this claim
+            if found is None:
+                return claim
+            claim.release()
+            return found
+        while (etag := _claim_etag(mailbox)) is not None:
+            if seen is None or seen[0] != etag:
+                seen = (etag, clock())
+            elif clock() - seen[1] >= claim_seconds:
+                claim = _take(mailbox, node_id, claim_seconds, if_match=etag)
+                if claim is not None:
                     return claim
-                claim.release()
-                return found
-            while (etag := self._claim_etag()) is not None:
-                if seen is None or seen[0] != etag:
-                    seen = (etag, self.clock())
-                elif self.clock() - seen[1] >= self.claim_seconds:
-                    claim = self._take(if_match=etag)
-                    if claim is not None:
-                        return claim
-                self.sleep(poll)
-                poll = min(self.most_poll, 1.5 * poll)
-                found = self.find()
-                if found is not None:
-                    return found
-            found = self.find()  # the claim was given back: the run is made, or its creator failed
+            sleep(poll)
+            poll = min(most_poll, 1.5 * poll)
+            found = find()
             if found is not None:
                 return found
+        found = find()  # the claim was given back: the run is made, or its creator failed
+        if found is not None:
+            return found
 
-    def _take(self, *, if_absent: bool = False, if_match: str | None = None) -> Claim | None:
-        try:
-            etag = self.mailbox.put(
-                keys.CREATING, _record(self.node_id, 0), if_absent=if_absent, if_match=if_match
-            )
-        except PreconditionFailed:
-            return None
-        return Claim(self.mailbox, self.node_id, etag, self.claim_seconds)
 
-    def _claim_etag(self) -> str | None:
-        """The claim's etag, from a listing: its content is never read, so no bytes there can mislead."""
-        listed = [entry for entry in self.mailbox.list(keys.CREATING) if entry.key == keys.CREATING]
-        return listed[0].etag if listed else None
+def _take(
+    mailbox: Mailbox,
+    node_id: str,
+    claim_seconds: float,
+    *,
+    if_absent: bool = False,
+    if_match: str | None = None,
+) -> Claim | None:
+    try:
+        etag = mailbox.put(keys.CREATING, _record(node_id, 0), if_absent=if_absent, if_match=if_match)
+    except PreconditionFailed:
+        return None
+    return Claim(mailbox, node_id, etag, claim_seconds)
+
+
+def _claim_etag(mailbox: Mailbox) -> str | None:
+    """The claim's etag, from a listing: its content is never read, so no bytes there can mislead."""
+    listed = [entry for entry in mailbox.list(keys.CREATING) if entry.key == keys.CREATING]
+    return listed[0].etag if listed else None
 
 
 def _record(node_id: str, beat: int) -> bytes:

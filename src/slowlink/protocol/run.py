@@ -132,10 +132,9 @@ def open_run(
     existing = read_run(mailbox)
     if existing is None:
         _refuse_over_history(mailbox)
-        waiting = creation.Waiting(
+        found = creation.claim_or_find(
             mailbox, node_id, lambda: read_run(mailbox), claim_seconds=claim_seconds, clock=clock, sleep=sleep
         )
-        found = waiting.claim_or_find()
         if isinstance(found, creation.Claim):
             record = {
                 "format": FORMAT,
