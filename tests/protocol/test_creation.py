@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from slowlink.algorithms.diloco import DiLoCo
+from slowlink.mailbox.faulty import Faulty
 from slowlink.mailbox.memory import MemoryMailbox
 from slowlink.protocol import keys
 from slowlink.protocol.run import open_run
@@ -95,3 +96,19 @@ def test_a_creator_that_fails_gives_the_claim_back_and_a_waiter_creates_at_once(
     creator.join()
     assert created and time.monotonic() - started < 10.0  # not the 60 s of a stale claim
     assert run.initial and mailbox.get(keys.CREATING) is None
+
+
+def test_a_dead_creators_claim_is_taken_over_though_half_the_waiters_looks_fail():
+    # Each failed look is a look missed, not the end of the wait: otherwise a node retrying its join starts
+    # the claim's age again each time, and under faults a dead creator's claim holds the run back forever.
+    inner = MemoryMailbox()
+    inner.put(keys.CREATING, b'{"node":"gone"}', if_absent=True)
+    mailbox = Faulty(inner, error_rate=0.5, seed=3, verbs=("list",))
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    run, created = start(mailbox, 1.0, claim_seconds=4.0, clock=lambda: now[0], sleep=sleep)
+    assert created and now[0] >= 4.0 and mailbox.faults  # faults were injected, and waited through
+    assert inner.get(keys.RUN) is not None and inner.get(keys.CREATING) is None

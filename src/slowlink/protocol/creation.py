@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..errors import MailboxError, PreconditionFailed
+from ..errors import MailboxError, MailboxUnavailable, PayloadError, PreconditionFailed
 from ..mailbox.contract import Mailbox
 from . import keys, records
 
@@ -69,34 +69,51 @@ def claim_or_find(
     sleep: Callable[[float], None],
 ) -> Claim | Found:
     """A Claim for this node to create with, or what another node created meanwhile (`find`), waiting
-    while another holds the claim and taking it when it is given back or goes stale. (The caller has just
-    found nothing, so the claim is tried first.)"""
+    while another holds the claim and taking it when it is given back or goes stale. A look the store
+    fails is a look missed: the claim's age keeps counting, so faults cannot hold a dead claim forever."""
     seen: tuple[str, float] | None = None  # the claim's etag, and when this node first saw it
     # Looks start quick (a small model is up in moments) and slow down to a tenth of the timeout.
     poll, most_poll = min(0.02, claim_seconds / 10), min(1.0, claim_seconds / 10)
     while True:
-        claim = _take(mailbox, node_id, claim_seconds, if_absent=True)
+        try:
+            outcome, seen = _look(mailbox, node_id, find, claim_seconds, clock, seen)
+            if outcome is not None:
+                return outcome
+        except (MailboxUnavailable, PayloadError):
+            pass  # the next look may get through
+        sleep(poll)
+        poll = min(most_poll, 1.5 * poll)
+
+
+def _look(
+    mailbox: Mailbox,
+    node_id: str,
+    find: Callable[[], Found | None],
+    claim_seconds: float,
+    clock: Callable[[], float],
+    seen: tuple[str, float] | None,
+) -> tuple[Claim | Found | None, tuple[str, float] | None]:
+    """One look: take the claim if there is none or it is stale, else look for the run; (what was got,
+    the claim's etag as first seen)."""
+    etag = _claim_etag(mailbox)
+    if etag is not None and (seen is None or seen[0] != etag):
+        seen = (etag, clock())
+    stale = etag is not None and seen is not None and clock() - seen[1] >= claim_seconds
+    if etag is None or stale:
+        claim = _take(
+            mailbox, node_id, claim_seconds, if_absent=etag is None, if_match=etag if stale else None
+        )
         if claim is not None:
-            found = find()  # created and released between the caller's look and this claim
+            try:
+                found = find()  # made and given back just before this node claimed
+            except BaseException:
+                claim.release()
+                raise
             if found is None:
-                return claim
+                return claim, seen
             claim.release()
-            return found
-        while (etag := _claim_etag(mailbox)) is not None:
-            if seen is None or seen[0] != etag:
-                seen = (etag, clock())
-            elif clock() - seen[1] >= claim_seconds:
-                claim = _take(mailbox, node_id, claim_seconds, if_match=etag)
-                if claim is not None:
-                    return claim
-            sleep(poll)
-            poll = min(most_poll, 1.5 * poll)
-            found = find()
-            if found is not None:
-                return found
-        found = find()  # the claim was given back: the run is made, or its creator failed
-        if found is not None:
-            return found
+            return found, seen
+    return find(), seen
 
 
 def _take(
