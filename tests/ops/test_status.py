@@ -8,6 +8,7 @@ import pytest
 import slowlink as sl
 from slowlink.cli.main import main
 from slowlink.ops.status import StatusReader, find_stalls, read_status
+from slowlink.protocol.housekeeping import Housekeeping
 from slowlink.protocol.run import read_commit
 from slowlink.protocol.summary import read_summary, record_commit
 from tests.ops.mailboxes import Recording
@@ -202,6 +203,28 @@ def test_a_summary_that_missed_commits_catches_up_from_their_records_on_the_next
         "node-1": [10],
     }
     assert summary["commits_unsummarized"] == 0
+
+
+def test_a_merger_leaving_folds_the_commits_of_every_fragment_an_earlier_merger_left_out():
+    inner = sl.MemoryMailbox()
+    algorithm = sl.DiLoCo(sync_every=2, fragments=2, overlap_steps=0, quorum_size=2)
+    _, stats = run_nodes(2, algorithm, inner, 12)
+    newest = [max(v) for v in zip(*(mine.versions for mine in stats), strict=True)]
+    assert min(newest) >= 2
+    inner.delete(["summary.json"])
+    # An earlier merger lost the lead after committing fragment 1's newest round and never folded it; the
+    # merger after it committed only fragment 0's rounds, so no fold of its own reaches fragment 1.
+    for q in range(2):
+        for round_ in range(1, newest[q] + (q == 0)):
+            record_commit(inner, 2, read_commit(inner, q, round_))
+    summary, _ = read_summary(inner, 2)
+    assert [totals["round"] for totals in summary["fragments"]] == [newest[0], newest[1] - 1]
+    Housekeeping(inner, 2, "node-0", lambda event: None, lambda: 0.0).tidy(head=newest)  # the leave's tidy
+    summary, _ = read_summary(inner, 2)
+    assert [totals["round"] for totals in summary["fragments"]] == newest
+    assert sum(node["contributions"] for node in summary["nodes"].values()) == sum(
+        mine.contributions_sent for mine in stats
+    )
 
 
 def test_in_a_signed_run_the_summary_is_signed_by_the_merger_and_status_reads_it_without_the_key():

@@ -90,9 +90,9 @@ class Housekeeping:
         self._tidied_at = self.clock()
         if head is not None:
             self.merged_rounds(self.mailbox.list(keys.ROUNDS), head)
-        if self.landed:
+        if self.landed or head is not None:
             try:
-                record_commits(self.mailbox, self.fragments, self.landed)
+                record_commits(self.mailbox, self.fragments, self.landed, head)
                 self.landed = []
             except (MailboxError, PayloadError) as error:
                 self.emit(Event("mailbox_error", self.node_id, f"summary.json not updated with "

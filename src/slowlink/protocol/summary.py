@@ -187,13 +187,35 @@ def record_commit(mailbox: Mailbox, fragments: int, record: dict) -> None:
     record_commits(mailbox, fragments, [Landed(record, mailbox.clock(), payload_bytes, commit_bytes)])
 
 
-def record_commits(mailbox: Mailbox, fragments: int, landed: list[Landed]) -> None:
-    """The merger's hook: after writing commits (`landed`, in the order written), fold them into
-    summary.json by compare-and-swap: one GET and one PUT however many. First folds in, from their
-    records, the commits of each fragment the summary missed (a merger that died before folding its own),
-    up to MAX_GAP_FILL. Raises MailboxError when the store fails: the merger keeps them for the next call."""
+def _fill_gap(mailbox: Mailbox, summary: dict, known: bool, fragment: int, before: int, time: float) -> dict:
+    """`summary` with the commits of `fragment` it lacks before round `before` folded in from their records
+    (the newest MAX_GAP_FILL of them; the older counted as unsummarized). A summary that is not `known`
+    (none yet) fills nothing: its history begins here."""
     from .run import read_commit  # run.py stays free to import this module
 
+    first_missing = summary["fragments"][fragment]["round"] + 1
+    fill_from = max(first_missing, before - MAX_GAP_FILL) if known else before
+    if fill_from > first_missing:
+        # history this summary will never hold: a gap too long to read back, or a run that began before it
+        summary = json.loads(json.dumps(summary))
+        summary["commits_unsummarized"] += fill_from - first_missing
+    for missed in range(fill_from, before):
+        earlier = read_commit(mailbox, fragment, missed)
+        if earlier is not None:
+            summary = update_summary(summary, earlier, time=time)
+    return summary
+
+
+def record_commits(
+    mailbox: Mailbox, fragments: int, landed: list[Landed], head: list[int] | None = None
+) -> None:
+    """The merger's hook: after writing commits (`landed`, in the order written), fold them into
+    summary.json by compare-and-swap: one GET and one PUT however many. First folds in, from their
+    records, the commits of each fragment the summary missed (a merger that died or lost the lead before
+    folding its own), up to MAX_GAP_FILL; with `head` (the newest commit of each fragment, as a leaving
+    merger knows it), those of every fragment up to it as well, which a fragment this merger never
+    committed would otherwise miss for good. Raises MailboxError when the store fails: the merger keeps
+    them for the next call."""
     while True:
         try:
             summary, etag = read_summary(mailbox, fragments)
@@ -204,19 +226,12 @@ def record_commits(mailbox: Mailbox, fragments: int, landed: list[Landed]) -> No
         updated = base
         for entry in landed:
             fragment, round_ = entry.record["fragment"], entry.record["round"]
-            first_missing = updated["fragments"][fragment]["round"] + 1
-            fill_from = max(first_missing, round_ - MAX_GAP_FILL) if summary is not None else round_
-            if fill_from > first_missing and round_ > updated["fragments"][fragment]["round"]:
-                # history this summary will never hold: a gap too long to read back, or a run that began before it
-                updated = json.loads(json.dumps(updated))
-                updated["commits_unsummarized"] += fill_from - first_missing
-            for missed in range(fill_from, round_):
-                earlier = read_commit(mailbox, fragment, missed)
-                if earlier is not None:
-                    updated = update_summary(updated, earlier, time=entry.time)
+            updated = _fill_gap(mailbox, updated, summary is not None, fragment, round_, entry.time)
             updated = update_summary(updated, entry.record, time=entry.time, payload_bytes=entry.payload_bytes,
                                      commit_bytes=entry.commit_bytes)  # fmt: skip
             summary = updated  # the next entry's gaps are counted from this one
+        for fragment, newest in enumerate(head if head is not None and summary is not None else []):
+            updated = _fill_gap(mailbox, updated, summary is not None, fragment, newest + 1, mailbox.clock())
         if updated is base:
             return  # already summarized (a retried call, or two leaders racing)
         data = json.dumps(updated, sort_keys=True, separators=(",", ":")).encode()
