@@ -18,6 +18,7 @@ from slowlink.engine.channel import Contribution
 from slowlink.errors import MailboxError, PayloadError, PreconditionFailed
 from slowlink.mailbox.faulty import Faulty
 from slowlink.mailbox.memory import MemoryMailbox
+from slowlink.protocol import keys
 from slowlink.protocol import run as run_module
 from slowlink.protocol.chain import newest_params
 from slowlink.protocol.courier import Courier, NodeStatus
@@ -41,7 +42,8 @@ class Ledger(MemoryMailbox):
 
     def __init__(self) -> None:
         super().__init__()
-        self.writes: list[tuple[str, str, bytes | None]] = []  # (verb, key, data); data is None for deletes
+        # (verb, key, data): "put", "delete" (data None), or "kept" (a merger's own contribution, held in memory)
+        self.writes: list[tuple[str, str, bytes | None]] = []
         self.commits_refused = 0  # create-once commit writes that found the round committed
 
     def put(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> str:
@@ -210,7 +212,19 @@ class Node:
             clock=self.clock,
             beat_seconds=0.0,  # a beat every turn: the test, not the time between turns, decides what is live
         )
+        courier.merger.remember_own = self._logged_keep(courier.merger.remember_own)
         self.courier, self.anchors, self.contributed = courier, dict(latest), {}
+
+    def _logged_keep(self, keep):
+        """A merger keeps its own contribution in memory instead of writing it: the ledger logs it as "kept"
+        at that moment, where a write would stand, so the checks see what the merger merges."""
+
+        def remember_own(record: dict, data: bytes) -> None:
+            key = keys.contribution(record["fragment"], record["round"], self.node_id)
+            self.world.ledger.writes.append(("kept", key, bytes(data)))
+            keep(record, data)
+
+        return remember_own
 
     # The test's side.
 

@@ -115,7 +115,8 @@ def replay_writes(ledger: Ledger) -> History:
             assert key not in needed_by(head, history), f"{key} was deleted, though head.json {head} needs it"
             present.discard(key)
             continue
-        present.add(key)
+        if verb == "put":  # not "kept": that stays in its merger's memory
+            present.add(key)
         if key.startswith("blobs/"):
             assert payload.digest(data) == key.rsplit("/", 1)[1], f"{key}: not its digest"
             history.blobs[key] = data
@@ -152,7 +153,7 @@ def replay_writes(ledger: Ledger) -> History:
 
 
 def check_commits(world: World, history: History) -> None:
-    """Each fragment's commits run 1..n; each names contributions written to its round and named by no
+    """Each fragment's commits run 1..n; each names contributions written to its round (or kept by its merger) and named by no
     other commit, and holds the outer step from its parent with their merge."""
     merged: set[int] = set()  # the samples of every contribution a commit names: unique to each
     for fragment in range(FRAGMENTS):

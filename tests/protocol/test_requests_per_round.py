@@ -44,10 +44,10 @@ def test_a_commit_costs_the_merger_no_summary_or_garbage_requests_and_a_learner_
     commits = stats[merger].rounds_merged
     assert commits >= 18 and stats[learner].rounds_merged == 0  # 20 rounds, one merger throughout
     mine, theirs = counts[merger], counts[learner]
-    # Each of the learner's contributions is read once, the merger's own not at all
-    # (it wrote them: they are in the store for a merger that takes over).
+    # Each of the learner's contributions is read once, the merger's own not at all: it keeps them in memory
+    # and never writes them, as it never hands over its lead here (test_merger_own covers a hand-over).
     # A contribution is one object: one PUT to publish it, one GET to read it whole.
-    assert mine["PUT rounds/"] == stats[merger].contributions_sent
+    assert mine["PUT rounds/"] == 0 and theirs["PUT rounds/"] == stats[learner].contributions_sent
     # Each commit puts its parameters; the outer state (only a new merger reads it) goes with one commit in
     # OUTER_EVERY of each fragment, the first included; the run's creator put the initial model's two blobs.
     assert mine["PUT blobs/"] <= commits + 2 * (commits // (2 * OUTER_EVERY) + 1) + 2

@@ -247,7 +247,7 @@ def test_a_contribution_that_never_reached_the_store_is_sent_again_after_the_res
 def test_a_contribution_in_flight_whose_round_committed_without_it_is_carried_into_the_next(tmp_path):
     mailbox, path = sl.MemoryMailbox(), tmp_path / "a.ckpt"
     model, gate = tiny_mlp(), Gate(mailbox)
-    gate.refused = ("rounds/",)  # node a's round 1 never arrives
+    gate.refused = ("rounds/", "commits/")  # node a's round 1 never arrives (nor, as it leads, its commit)
     a = join(model, gate)
     train(a, model, 0, 6)
     saved = params(model)
@@ -301,7 +301,11 @@ def test_a_contribution_published_after_the_save_and_still_open_is_taken_as_the_
     sl.checkpoint.save(path, a)
     gate.refused = ("commits/0000/",)
     train(a, model, 10, 12)  # round 2 of fragment 0 goes out at step 12 and cannot commit
-    wait_for(lambda: mailbox.get(keys.contribution(0, 2, "a")) is not None, "round 2's contribution")
+    # Node a merges, so it keeps its contribution in memory; it writes it to the store when asked, as a
+    # checkpoint saved a step later would ask it.
+    wait_for(lambda: (0, 2) in a.courier.merger.own.kept, "round 2's contribution")
+    a.courier.merger.own.wanted.set()
+    wait_for(lambda: mailbox.get(keys.contribution(0, 2, "a")) is not None, "round 2's contribution stored")
     crash(a, gate)
     model, gate = tiny_mlp(seed=5), Gate(mailbox)
     gate.refused = ("commits/",)  # the new process commits round 2 only once it has loaded
@@ -469,7 +473,8 @@ def test_a_save_that_fails_before_its_rename_leaves_the_previous_checkpoint_load
 def test_save_waits_for_an_upload_at_most_upload_timeout_then_writes_nothing(tmp_path):
     mailbox, path = sl.MemoryMailbox(), tmp_path / "a.ckpt"
     model, gate = tiny_mlp(), Gate(mailbox)
-    gate.refused = ("rounds/",)  # fragment 0's contribution at step 6 cannot be uploaded
+    # fragment 0's contribution at step 6 cannot be uploaded, nor, as node a leads, merged by it
+    gate.refused = ("rounds/", "commits/")
     a = join(model, gate)
     train(a, model, 0, 7)
     with pytest.raises(MailboxUnavailable, match="upload_timeout=0.05s; no checkpoint was written"):

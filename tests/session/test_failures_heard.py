@@ -16,13 +16,16 @@ from .nodes import batches, sgd_step, tiny_mlp
 
 
 def train_on_a_failing_store(events: list, **options) -> sl.Session:
-    """One node whose store fails every request once it has joined and merged a first round; it trains on
-    until it has stalled, and a few steps more."""
-    store = Faulty(sl.MemoryMailbox())
-    model = tiny_mlp()
+    """One node whose store fails every request once it has joined and a first round of it is merged; it
+    trains on until it has stalled, and a few steps more. Another node merges, on a store that does not fail:
+    a merger never uploads its own contributions, so only a node that does not merge can fail to."""
+    inner = sl.MemoryMailbox()
+    store, model = Faulty(inner), tiny_mlp()
+    merger = sl.Session(tiny_mlp(), algorithm=sl.DiLoCo(sync_every=2), mailbox=inner, node_id="m",
+                        poll_seconds=0.005, close_timeout=0.2)  # fmt: skip
     session = sl.Session(model, algorithm=sl.DiLoCo(sync_every=2), mailbox=store, node_id="n", poll_seconds=0.005,
                          close_timeout=0.2, on_event=events.append, **options)  # fmt: skip
-    with session:
+    with merger, session:
         for batch in batches(0, 2):
             sgd_step(model, batch, 0.1)
             session.step(samples=4)

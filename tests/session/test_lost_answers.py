@@ -37,9 +37,17 @@ class FailOnce(sl.MemoryMailbox):
 def test_a_contribution_whose_put_landed_with_its_answer_lost_counts_once():
     mailbox = FailOnce(lambda key: key == keys.contribution(0, 1, "n"), applied=True)
     model, replica = tiny_mlp(), tiny_mlp()
-    # One node, outer lr 1, no momentum: every commit is the node's own model, so a step counted twice shows.
-    algorithm = sl.DiLoCo(sync_every=2, overlap_steps=0, outer_lr=1.0, outer_momentum=0.0)
-    with sl.Session(model, algorithm=algorithm, mailbox=mailbox, node_id="n", poll_seconds=0.005) as session:
+    # One node trains, outer lr 1, no momentum: every commit is its own model, so a step counted twice shows.
+    # Another, idle, merges (it joins first): a merger keeps its own contributions rather than write them.
+    # adaptive_outer=False: a round with one of the two live nodes takes the whole step, not half of it.
+    algorithm = sl.DiLoCo(
+        sync_every=2, overlap_steps=0, outer_lr=1.0, outer_momentum=0.0, adaptive_outer=False
+    )
+    merger = sl.Session(tiny_mlp(), algorithm=algorithm, mailbox=mailbox, node_id="m", poll_seconds=0.005)
+    with (
+        merger,
+        sl.Session(model, algorithm=algorithm, mailbox=mailbox, node_id="n", poll_seconds=0.005) as session,
+    ):
         for batch in batches(0, 6):
             sgd_step(model, batch, 0.1)
             sgd_step(replica, batch, 0.1)

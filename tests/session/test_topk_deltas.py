@@ -14,7 +14,8 @@ STEPS, H = 8, 2
 
 
 class Recording(sl.MemoryMailbox):
-    """Keeps every contribution's payload it is handed: (node, fragment) -> the decoded Δs, in order."""
+    """Keeps every contribution's payload it is handed, and those a merger keeps to itself (`watch`):
+    (node, fragment) -> the decoded Δs, in order."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -23,10 +24,23 @@ class Recording(sl.MemoryMailbox):
 
     def put(self, key, data, **options):
         if key.startswith("rounds/") and not key.endswith(".json"):  # a contribution's payload
-            arrays, header = payload.unpack(data)
-            self.deltas.setdefault((header["node"], int(header["fragment"])), []).append(arrays)
-            self.sizes.append(len(data))
+            self.record(data)
         return super().put(key, data, **options)
+
+    def record(self, data: bytes) -> None:
+        arrays, header = payload.unpack(data)
+        self.deltas.setdefault((header["node"], int(header["fragment"])), []).append(arrays)
+        self.sizes.append(len(data))
+
+    def watch(self, session: sl.Session) -> None:
+        """Record what the session's merger keeps in memory instead of writing it, when it merges."""
+        keep = session.courier.merger.remember_own
+
+        def remember_own(record: dict, data: bytes) -> None:
+            self.record(data)
+            keep(record, data)
+
+        session.courier.merger.remember_own = remember_own
 
 
 def model() -> torch.nn.Module:
@@ -49,6 +63,7 @@ def test_topk_deltas_commit_their_decoded_mean_and_keep_the_rest_as_residual():
     def node(i: int) -> None:
         with sl.Session(models[i], algorithm=algorithm, mailbox=mailbox, node_id=f"node-{i}",
                         poll_seconds=0.005) as session:  # fmt: skip
+            mailbox.watch(session)
             barrier.wait()
             for _ in range(STEPS):
                 with torch.no_grad():

@@ -50,6 +50,9 @@ def capture(session: Session, upload_timeout: float) -> tuple[dict, Arrays]:
         if residual is not None:
             arrays.update(keyed("residual", q, residual))
         fragments.append(entry)
+    stored = {(q, entry["in_flight"]["round"]) for q, entry in enumerate(fragments)
+              if entry["in_flight"] is not None and entry["in_flight"]["delta"] == "stored"}  # fmt: skip
+    store_kept(session, stored, deadline, upload_timeout)
     arrays.update({f"own/{name}": values for name, values in local_of(session.adapter).items()})
     header = {
         "run": session.run.run_id,
@@ -67,6 +70,29 @@ def capture(session: Session, upload_timeout: float) -> tuple[dict, Arrays]:
 def keyed(kind: str, q: int, values: dict) -> Arrays:
     """`values` (on the model's device or on host) as host arrays under their keys `kind/q/name`."""
     return {f"{kind}/{q}/{name}": array for name, array in host_arrays(values).items()}
+
+
+def store_kept(
+    session: Session, stored: set[tuple[int, int]], deadline: float, upload_timeout: float
+) -> None:
+    """A merger keeps its own contributions in memory rather than in the store. The checkpoint counts those in
+    flight as sent (`stored`: (fragment, round)), and a restart looks for them in the store: so have the
+    communication thread write them there first."""
+    courier, own = session.courier, session.courier.merger.own
+    if not stored & (set(own.kept) - own.stored):
+        return
+    own.wanted.set()
+    courier.wake.set()
+    while own.wanted.is_set():
+        if courier.failure is not None:
+            raise courier.failure
+        if session.clock.now() >= deadline:
+            raise MailboxUnavailable(
+                f"the contributions this merger kept in memory were not written to the store within "
+                f"upload_timeout={upload_timeout}s; no checkpoint was written (the previous one stands). "
+                "Save again later, or give sl.checkpoint.save a longer upload_timeout"
+            )
+        session.clock.sleep(0.005)
 
 
 def flight_delta(

@@ -116,9 +116,9 @@ class Courier:
         self.wake.set()
 
     def stop(self) -> None:
-        """Stop the thread, then leave: finish an unnamed commit, release the leadership, drop the lease.
-        A second Ctrl-C while waiting for the thread stops the wait, not the leaving: each part still
-        runs, and the interrupt is raised once they have."""
+        """Stop the thread, then leave: finish an unnamed commit, write the contributions a merger kept,
+        release the leadership, drop the lease. A second Ctrl-C while waiting for the thread stops the wait,
+        not the leaving: each part still runs, and the interrupt is raised once they have."""
         self._stopping.set()
         self.wake.set()
         interrupted: KeyboardInterrupt | None = None
@@ -126,7 +126,8 @@ class Courier:
             self._thread.join()
         except KeyboardInterrupt as error:
             interrupted = error
-        leaving = [self.leadership.release, lambda: self.mailbox.delete([keys.node(self.node_id)])]
+        leaving = [lambda: self.merger.own.hand_over(self.head), self.leadership.release,  # own.py
+                   lambda: self.mailbox.delete([keys.node(self.node_id)])]  # fmt: skip
         if self.leadership.is_leader and interrupted is None:  # first, a commit head.json does not name yet
             leaving[:0] = [lambda: self.merger.leave(list(self.head))]
             if self._head_unsure:  # only a failed turn (a merge, a recovery) can leave a commit unnamed
@@ -217,6 +218,7 @@ class Courier:
         """One pass of the communication loop (also called directly by tests)."""
         self._news = False
         awaiting = set(self.sent)  # before this turn's uploads: a contribution just sent has no commit yet
+        self.merger.own.tend(self.head, leading=self.leadership.is_leader)  # a merger's own contributions
         self._send_contributions()
         now = self.clock.now()
         # head.json and every fragment's next commit once a beat while no contribution of this node awaits a
@@ -288,9 +290,10 @@ class Courier:
         self.feed.sent(item.fragment)
         self._news = True
         self.own_norms.sent(item.fragment, record["norm"], item.steps)
-        self.mailbox.put(keys.contribution(item.fragment, round_, self.node_id), data)
-        if self.leadership.is_leader:  # it merges this round itself: no need to read back what it wrote
+        if self.leadership.is_leader:  # it merges this round itself: kept here, written only if it hands over
             self.merger.remember_own(record, data)
+        else:
+            self.mailbox.put(keys.contribution(item.fragment, round_, self.node_id), data)
         self.emit(Event("contribution_sent", self.node_id,
                         f"fragment {item.fragment} round {round_}: {item.steps} steps, {len(data)} bytes",
                         {"fragment": item.fragment, "round": round_, "step": item.step, "steps": item.steps,

@@ -7,7 +7,8 @@ leader.json                               the merging node, renewed by compare-a
 nodes/<node>.json                         a node's lease: overwritten every beat
 blobs/<sha256>                            immutable payloads, written before any record names them
 rounds/<fragment>/<round>/<node>.delta    a contribution: its payload, claims in the header (contribution.py);
-                                          a round's folder is dropped whole once it is merged
+                                          a round's folder is dropped whole once it is merged; the merger's
+                                          own only when it hands them over (own.py)
 commits/<fragment>/<round>.json           create-once: the commit point and the run's history
 """
 

@@ -31,6 +31,7 @@ from .housekeeping import Housekeeping
 from .judge import Judge, check_record, contributors_of
 from .leases import Leases
 from .looks import Looks
+from .own import OwnContributions
 from .run import HEAD_EVERY, Run, Written, advance_head, get_blob, read_commit
 
 HELD = 4  # contributions of a round kept as read for the merge; the others are read again when it closes
@@ -81,9 +82,7 @@ class Merger:
         self.writer = CommitWriter(mailbox, run, self.wire, node_id, emit, compression)
         self.head_written: Written | None = None  # head.json as this node last wrote it
         self.housekeeping = Housekeeping(mailbox, len(run.plan), node_id, emit, clock)
-        self.own: dict[
-            tuple[int, int], tuple[dict, bytes]
-        ] = {}  # (fragment, round) -> this node's record, payload
+        self.own = OwnContributions(mailbox, node_id)  # this node's contributions, kept in memory
         self.looks = Looks(self.rounds)  # when rounds/ is listed; the courier paces its turns by next_look_at
         self.next_look_at = float("inf")
 
@@ -100,14 +99,17 @@ class Merger:
         head: the newest commit of every fragment this node has read and checked.
         """
         self.head = head
+        self.own.forget(head)  # rounds committed by another merger too
         nodes_by_round: dict[tuple[int, int], list[str]] = {}
-        for fragment, round_ in self.own:  # this node's own contributions need no listing
+        for fragment, round_ in self.own.kept:  # this node's own contributions need no listing
             nodes_by_round.setdefault((fragment, round_), []).append(self.node_id)
         due, self.next_look_at = self.looks.due(self.clock(), self.open, versions)
         if due:
             self.looks.looked(self.clock())
             others = live_nodes(False) - {self.node_id}
-            found = self.looks.probes(self.clock(), self.open, versions, set(self.own), others, self.node_id)
+            found = self.looks.probes(
+                self.clock(), self.open, versions, set(self.own.kept), others, self.node_id
+            )
             if found is None:  # rounds/ listed: what it shows, and the merged rounds' garbage
                 listing = self.mailbox.list(keys.ROUNDS)
                 self.housekeeping.merged_rounds(listing, head)
@@ -148,8 +150,8 @@ class Merger:
         self.housekeeping.tidy(head)
 
     def remember_own(self, record: dict, data: bytes) -> None:
-        """This node's contribution, as it wrote it to the store: the merge reads it from here."""
-        self.own[(record["fragment"], record["round"])] = (record, data)
+        """This node's contribution, kept here rather than written: the merge reads it from here (own.py)."""
+        self.own.keep(record, data)
         self.looks.own_sent()  # others' contributions to that round may be in: look soon
 
     def _read_new_contributions(self, fragment: int, current: OpenRound, nodes: list[str]) -> None:
@@ -157,7 +159,7 @@ class Merger:
             if node in current.accepted or node in current.rejected:
                 continue
             try:
-                own = self.own.get((fragment, current.round)) if node == self.node_id else None
+                own = self.own.get(fragment, current.round) if node == self.node_id else None
                 if own is not None:
                     record = own[0]
                 else:  # with a run key, an unsigned or forged contribution fails here
@@ -235,8 +237,7 @@ class Merger:
 
     def _load_contribution(self, fragment: int, current: OpenRound, node: str, sha: str) -> Arrays:
         limit, round_ = self.run.max_payload_bytes(fragment), current.round
-        # Taken, not kept: once merged, its bytes go (a merge tried again reads them from the mailbox).
-        own = self.own.pop((fragment, round_), None) if node == self.node_id else None
+        own = self.own.get(fragment, round_) if node == self.node_id else None
         if own is not None and own[0]["blob"] == sha:
             data = own[1]
         elif (data := current.held.pop(node, None)) is None:  # read again: a later life may have replaced it
@@ -349,8 +350,7 @@ class Merger:
         named = self.head_written[0][fragment] if self.head_written is not None else 0
         self.housekeeping.committed(fragment, current.round, record, blob_bytes, named)
         del self.open[fragment]
-        for key in [key for key in self.own if key[0] == fragment and key[1] <= current.round]:
-            del self.own[key]
+        self.own.forget(known)  # only now: a commit that failed on its way (head.json) is merged again
         release_freed_memory()
         return Committed(fragment, current.round, params, record)
 
