@@ -230,8 +230,9 @@ def record_commits(
             updated = update_summary(updated, entry.record, time=entry.time, payload_bytes=entry.payload_bytes,
                                      commit_bytes=entry.commit_bytes)  # fmt: skip
             summary = updated  # the next entry's gaps are counted from this one
-        for fragment, newest in enumerate(head if head is not None and summary is not None else []):
-            updated = _fill_gap(mailbox, updated, summary is not None, fragment, newest + 1, mailbox.clock())
+        if head is not None and summary is not None:  # a leaving merger: every fragment up to its head
+            for fragment, newest in enumerate(head):
+                updated = _fill_gap(mailbox, updated, True, fragment, newest + 1, mailbox.clock())
         if updated is base:
             return  # already summarized (a retried call, or two leaders racing)
         data = json.dumps(updated, sort_keys=True, separators=(",", ":")).encode()
