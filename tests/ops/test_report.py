@@ -87,7 +87,9 @@ def test_the_report_of_a_finished_run_shows_its_rounds_stall_leader_change_and_l
 def test_the_report_of_a_run_in_progress_takes_its_rounds_from_the_events_files(tmp_path, capsys):
     path, events = tmp_path / "run", tmp_path / "events.jsonl"
     algorithm = sl.DiLoCo(sync_every=2, fragments=2)
-    with paused_run(2, algorithm, sl.DirMailbox(path), steps=12, pause_at=8, events_file=events) as (
+    with paused_run(
+        2, algorithm, sl.DirMailbox(path), steps=12, pause_at=8, events_file=events, lease_seconds=8
+    ) as (
         sessions,
         _,
     ):

@@ -3,6 +3,7 @@ answers, crashes and lease expiries, each (fragment, round) is committed at most
 forward, and every node adopts exactly the parameters committed, computed from that round's contributions.
 """
 
+import base64
 import json
 import re
 from dataclasses import dataclass, field
@@ -140,7 +141,11 @@ def replay_writes(ledger: Ledger) -> History:
             assert (fragment, round_) not in history.commits, f"{key} was written twice"
             assert round_ == 1 or (fragment, round_ - 1) in history.commits, f"{key} came before its parent"
             record = json.loads(data)
-            named = [sha for sha in (record["params"], record["outer_state"]) if sha]
+            carried = {sha for sha, _ in record.get("inline", [])}  # blobs the record itself holds
+            history.blobs.update(
+                {keys.blob(sha): base64.b64decode(text) for sha, text in record.get("inline", [])}
+            )
+            named = [sha for sha in (record["params"], record["outer_state"]) if sha and sha not in carried]
             assert all(keys.blob(sha) in present for sha in named), f"{key} names a blob not in the store"
             history.commits[fragment, round_] = (index, record)
         elif key == keys.HEAD:
@@ -195,7 +200,10 @@ def needed_by(head: list[int], history: History) -> set[str]:
     """What a joiner or a new leader reads first: the blobs of the commits head.json names."""
     newest = [history.commits[q, v][1] for q, v in enumerate(head) if v > 0]
     return {
-        keys.blob(commit[name]) for commit in newest for name in ("params", "outer_state") if commit[name]
+        keys.blob(commit[name])
+        for commit in newest
+        for name in ("params", "outer_state")
+        if commit[name] and commit[name] not in {sha for sha, _ in commit.get("inline", [])}
     }
 
 

@@ -23,7 +23,7 @@ CLAIMS = {"base": 2, "samples": 64, "steps": 4, "final": False, "step_seconds": 
 COMMIT = {"fragment": 0, "round": 3, "params": SHA, "outer_state": None, "change": SHA, "merger": "n-1",
           "contributors": [{"node": "n-1", "blob": SHA, "samples": 64, "steps": 4, "final": False, "weight": 64.0}],
           "rejected": [{"node": "n-2", "reason": "its payload is missing from the mailbox"}], "flush_only": False}  # fmt: skip
-RUN = {"format": "slowlink-run-2", "run_id": "0" * 32, "config": {"method": "DiLoCo", "outer_lr": 0.7},
+RUN = {"format": "slowlink-run-3", "run_id": "0" * 32, "config": {"method": "DiLoCo", "outer_lr": 0.7},
        "schema": [["w", [3, 4], "float32"], ["b", [], "float32"]], "schema_digest": "d" * 64,
        "plan": [["w"], ["b"]], "initial": [SHA, SHA], "key_id": None}  # fmt: skip
 LEADER = {"node": "n-1", "term": 2, "beat": 7}

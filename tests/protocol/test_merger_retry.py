@@ -13,13 +13,14 @@ from slowlink.protocol.run import get_blob, open_run, read_commit
 from slowlink.wire import payload
 
 
-class FailsNextBlob(MemoryMailbox):
-    """Fails the next PUT of a blob, before the store sees it, once `armed`."""
+class FailsNextCommit(MemoryMailbox):
+    """Fails the next PUT of a commit record, before the store sees it, once `armed` (a one-parameter
+    model's commit carries its parameters inline: the record is the commit's one write)."""
 
     armed = False
 
     def put(self, key: str, data: bytes, *, if_absent: bool = False, if_match: str | None = None) -> str:
-        if self.armed and key.startswith("blobs/"):
+        if self.armed and key.startswith("commits/"):
             self.armed = False
             raise MailboxUnavailable(f"injected: PUT {key} failed before reaching the store")
         return super().put(key, data, if_absent=if_absent, if_match=if_match)
@@ -48,7 +49,7 @@ def test_a_round_retried_after_a_failed_write_applies_the_outer_momentum_once():
     # Round 2: b = 1.9, θ₂ = −1.33 − 0.7·(1 + 0.9·1.9) = −3.227.
     # A retry that starts from the failed attempt's b = 1.9 gives b = 2.71 and θ₂ = −3.7373 instead.
     algorithm = DiLoCo(sync_every=10, outer_lr=0.7, outer_momentum=0.9)
-    mailbox = FailsNextBlob()
+    mailbox = FailsNextCommit()
     run, _ = open_run(mailbox, config=algorithm.to_dict(), schema=[("w", (1,), "float32")],
                       schema_digest="0" * 64, plan=[["w"]], initial=lambda: [{"w": np.zeros(1, np.float32)}])  # fmt: skip
     merger = Merger(mailbox, run, algorithm, "m", emit=lambda event: None, clock=lambda: 0.0)
@@ -60,7 +61,7 @@ def test_a_round_retried_after_a_failed_write_applies_the_outer_momentum_once():
     contribute(mailbox, run, 2, 1.0)
     mailbox.armed = True
     with pytest.raises(MailboxUnavailable):
-        merger.step({0: (1, first.params)}, live, [1])  # fails writing round 2's parameters
+        merger.step({0: (1, first.params)}, live, [1])  # fails writing round 2's commit
     [second] = merger.step({0: (1, first.params)}, live, [1])  # as the Courier's next turn does
 
     np.testing.assert_allclose(first.params["w"], [-1.33], rtol=1e-6)

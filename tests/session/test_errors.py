@@ -80,7 +80,7 @@ def test_joining_a_run_of_another_protocol_names_both_and_the_fix_and_changes_no
     before, model = listing(mailbox), tiny_mlp()
     untouched = params(model)
     with pytest.raises(sl.RunConfigMismatch, match=r"protocol 'slowlink-run-1', but this node speaks "
-                       r"'slowlink-run-2'.*same protocol.*new prefix"):  # fmt: skip
+                       r"'slowlink-run-3'.*same protocol.*new prefix"):  # fmt: skip
         with sl.Session(model, algorithm=sl.DiLoCo(sync_every=5), mailbox=mailbox):
             pass
     assert listing(mailbox) == before

@@ -11,6 +11,8 @@ from slowlink.protocol.run import KEEP_COMMITS, read_commit, read_head, read_run
 
 from .nodes import run_nodes, tiny_mlp
 
+pytestmark = pytest.mark.usefixtures("blobs_apart")  # blobs as a large model's, the tiny model's included
+
 
 def stored_blobs(record: dict) -> set[str]:
     """The blobs a commit record needs: its change, its parameters in a snapshot, and the outer state it

@@ -40,7 +40,7 @@ def test_ctrl_c_twice_still_releases_the_leadership_and_the_lease(tmp_path):
     assert mailbox.get(keys.node("a")) is None
 
 
-def test_a_join_whose_newest_parameters_blob_is_gone_starts_from_an_older_commit():
+def test_a_join_whose_newest_parameters_blob_is_gone_starts_from_an_older_commit(blobs_apart):
     mailbox = sl.MemoryMailbox()
     algorithm = sl.DiLoCo(sync_every=1)
     resume, done = threading.Event(), threading.Event()
@@ -76,7 +76,7 @@ def test_a_join_whose_newest_parameters_blob_is_gone_starts_from_an_older_commit
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_a_join_with_no_kept_parameters_left_says_what_to_do():
+def test_a_join_with_no_kept_parameters_left_says_what_to_do(blobs_apart):
     mailbox = sl.MemoryMailbox()
     algorithm = sl.DiLoCo(sync_every=1)
     model = tiny_mlp()

@@ -68,7 +68,7 @@ def test_the_light_run_trains_as_well(runs):
 
 
 def test_at_steady_state_snapshots_add_at_most_half_a_change_and_the_merger_sends_under_three_times_a_learner():
-    from slowlink.protocol.run import read_commit, read_head
+    from slowlink.protocol.run import get_blob, read_commit, read_head
 
     from .nodes import run_nodes, wide_mlp
 
@@ -80,10 +80,10 @@ def test_at_steady_state_snapshots_add_at_most_half_a_change_and_the_merger_send
     snapshots = [round_ for round_, record in enumerate(records, 1) if record["snapshot"]]
     assert snapshots and snapshots[0] > 1  # the first rounds build on the initial model: no snapshot needed
     interval = snapshots[1] - snapshots[0] if len(snapshots) > 1 else snapshots[0]
-    size = lambda sha: len(mailbox.get(f"blobs/{sha}").data)  # noqa: E731
+    size = lambda sha, record: len(get_blob(mailbox, sha, 1 << 30, record))  # noqa: E731  (inline or not)
     newest = records[snapshots[-1] - 1]  # the older snapshots' blobs are collected
-    snapshot = size(newest["params"]) + size(newest["outer_state"])
-    change = size(records[-1]["change"])
+    snapshot = size(newest["params"], newest) + size(newest["outer_state"], newest)
+    change = size(records[-1]["change"], records[-1])
     assert snapshot / interval <= 0.5 * change * 1.05  # spread over its interval, a snapshot is half a change
     merger, learner = sorted(stats, key=lambda s: -s.rounds_merged)
     assert merger.rounds_merged == head[0] >= 2 * interval  # two intervals at least: steady state

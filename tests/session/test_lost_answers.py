@@ -74,7 +74,9 @@ def plant(mailbox, run, node: str, value: float) -> None:
     mailbox.put(keys.contribution(0, 1, node), payload.pack({"w": np.full(4, value, np.float32)}, header))
 
 
-def test_a_commit_whose_head_update_failed_is_adopted_though_the_round_now_holds_more(monkeypatch):
+def test_a_commit_whose_head_update_failed_is_adopted_though_the_round_now_holds_more(
+    monkeypatch, blobs_apart
+):
     monkeypatch.setattr(merger_module, "HEAD_EVERY", 1)  # head.json names every commit: its move can fail
     mailbox = FailOnce(lambda key: key == keys.HEAD, applied=False)
     algorithm = sl.DiLoCo(sync_every=1, outer_lr=1.0, outer_momentum=0.0, grace_seconds=0.0)

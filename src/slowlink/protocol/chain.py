@@ -24,17 +24,22 @@ from .run import (
 )
 
 
-def load_params(mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: str) -> Arrays:
-    return _load_fragment(mailbox, run, fragment, round_, sha, "params")
+def load_params(
+    mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: str, record: dict | None = None
+) -> Arrays:
+    """A commit's parameters; record: the commit's, which may carry them inline (None: the initial model)."""
+    return _load_fragment(mailbox, run, fragment, round_, sha, "params", record)
 
 
-def load_change(mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: str) -> Arrays:
+def load_change(mailbox: Mailbox, run: Run, fragment: int, round_: int, record: dict) -> Arrays:
     """A commit's change Θ_round − Θ_(round−1), in the run's commit_dtype once decoded."""
-    return _load_fragment(mailbox, run, fragment, round_, sha, "change")
+    return _load_fragment(mailbox, run, fragment, round_, record["change"], "change", record)
 
 
-def _load_fragment(mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: str, kind: str) -> Arrays:
-    data = get_blob(mailbox, sha, run.max_payload_bytes(fragment))
+def _load_fragment(
+    mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: str, kind: str, record: dict | None
+) -> Arrays:
+    data = get_blob(mailbox, sha, run.max_payload_bytes(fragment), record)
     arrays, _ = payload.unpack(
         data,
         expected_digest=sha,
@@ -87,7 +92,7 @@ def params_at(
     if record is None and own is not None and _is_initial(run, fragment, own):
         params = own  # most nodes start from the same seed: the creator, always
     else:
-        params = load_params(mailbox, run, fragment, first, sha)
+        params = load_params(mailbox, run, fragment, first, sha, record)
     for round_, record in chain[1:]:
         params = apply_change(mailbox, run, fragment, round_, params, record)
     return params
@@ -100,7 +105,7 @@ def apply_change(
     the change cannot be had or the sum is not exactly the parameters the commit names."""
     if record["change"] is None:
         raise PayloadError(f"{keys.commit(fragment, round_)} carries no change to apply")
-    change = load_change(mailbox, run, fragment, round_, record["change"])
+    change = load_change(mailbox, run, fragment, round_, record)
     params = {name: held[name] + change[name] for name in held}
     if (
         payload.digest_of(params, run.expect(kind="params", fragment=fragment, round=round_))

@@ -8,8 +8,11 @@ float32 commit encoding every commit is a snapshot and carries no change.
 
 The outer state is read by a new merger alone, so it is written with a snapshot only every OUTER_EVERY
 rounds; every commit names the newest one written (`outer_state`, and `outer_round` when it is older).
+A change or parameters blob of at most INLINE_BYTES travels inside the record (`inline`, base64): the
+node that reads the commit then needs no second request, which for a small model is most of the cost.
 """
 
+import base64
 import math
 from collections.abc import Callable
 
@@ -22,13 +25,14 @@ from ..wire import payload
 from ..wire.commit_change import encode_change
 from ..wire.compress import compress
 from . import keys, records
-from .run import KEEP_COMMITS, MAX_CHAIN, Run, advance_head, listed_etag, put_blob, read_commit
+from .run import KEEP_COMMITS, MAX_CHAIN, Run, advance_head, inlined, listed_etag, put_blob, read_commit
 
 SNAPSHOT_SHARE = 0.5  # the most a snapshot, spread over the rounds until the next, adds to a change
 MAX_SNAPSHOT_EVERY = 32  # a joiner reads at most this many changes after the snapshot it starts from
 # Rounds between two writes of the outer state (at the snapshot due then): it is as large as the parameters,
 # and only a merger taking over reads it, carrying on from a state at most this many rounds old.
 OUTER_EVERY = 8
+INLINE_BYTES = 64 << 10  # a blob this small costs more as a request of its own than as a third more bytes
 
 
 class CommitWriter:
@@ -54,13 +58,14 @@ class CommitWriter:
         change), the record and the bytes of its change and parameters blobs, or None if another leader's
         commit is the round's."""
         header = self.run.expect(fragment=fragment, round=round_)
-        committed, change_sha, residual, change_bytes = self._change(fragment, params, anchor, header)
+        inline: list[list[str]] = []  # [sha, base64] of the blobs the record carries
+        committed, change_sha, residual, change_bytes = self._change(fragment, params, anchor, header, inline)
         snapshot = change_sha is None or self._snapshot_due(fragment, round_, change_bytes, bool(state))
         params_header = header | {"kind": "params"}
         blob_bytes = change_bytes
         if snapshot:
             data = payload.pack(committed, params_header)
-            params_sha, blob_bytes = put_blob(self.mailbox, data), blob_bytes + len(data)
+            params_sha, blob_bytes = self._store(data, inline), blob_bytes + len(data)
             del data
         else:  # the digest of the payload a snapshot would hold, without building it
             params_sha = payload.digest_of(committed, params_header)
@@ -69,7 +74,11 @@ class CommitWriter:
                   "change": change_sha, "snapshot": snapshot, **fields}  # fmt: skip
         if outer_sha is not None and outer_round != round_:
             record["outer_round"] = outer_round
+        if inline:
+            record["inline"] = inline
+        carried = {sha for sha, _ in inline}
         written = [sha for sha in (params_sha if snapshot else None, change_sha, outer_written) if sha]
+        written = [sha for sha in written if sha not in carried]
         if not self._write_create_once(fragment, round_, record, head, written):
             return None
         if residual is not None:
@@ -94,7 +103,15 @@ class CommitWriter:
         sha = put_blob(self.mailbox, self._compressed(payload.pack(state, header | {"kind": "outer"})))
         return round_, sha, sha
 
-    def _change(self, fragment: int, params: Arrays, anchor: Arrays, header: dict):
+    def _store(self, data: bytes, inline: list[list[str]]) -> str:
+        """Put a commit's blob, or, when it is small, add it to the record's `inline`; its sha."""
+        if len(data) > INLINE_BYTES:
+            return put_blob(self.mailbox, data)
+        sha = payload.digest(data)
+        inline.append([sha, base64.b64encode(data).decode()])
+        return sha
+
+    def _change(self, fragment: int, params: Arrays, anchor: Arrays, header: dict, inline: list[list[str]]):
         """(committed parameters, change sha, new residual, change bytes); without a lossy commit encoding,
         or when the change cannot be encoded, the commit is the parameters themselves."""
         if self.encoding is None:
@@ -109,7 +126,7 @@ class CommitWriter:
             self.residuals.pop(fragment, None)
             return params, None, None, 0
         data = self._compressed(data)
-        return committed, put_blob(self.mailbox, data), residual, len(data)
+        return committed, self._store(data, inline), residual, len(data)
 
     def _compressed(self, data: bytes) -> bytes:
         return compress(data) if self.compression == "zstd" else data
@@ -184,7 +201,7 @@ def chain_garbage(fragment: int, round_: int, read: Callable[[int], dict | None]
         stale += [
             keys.blob(earlier[field])
             for field in ("params", "outer_state", "change")
-            if earlier[field] and earlier[field] not in kept
+            if earlier[field] and earlier[field] not in kept and earlier[field] not in inlined(earlier)
         ]
         if earlier.get("snapshot", True):
             break

@@ -35,7 +35,7 @@ from .own_norms import OwnNorms
 from .run import Run, advance_head, probe_newest, read_commit
 
 BACKOFF = 1.25  # each turn without news waits this much longer: news is seen late by at most a quarter
-WATCH_SECONDS = 2.0  # how stale the leases may be for closing a round early, or leader.json for one waiting
+WATCH_SECONDS = 2.0  # staleness of leases to close a round early, of leader.json to wait; the longest pause
 CLOSING_SECONDS = 0.1  # while the node leaves: how often it looks for the commits it waits for (closing())
 
 
@@ -66,7 +66,7 @@ class Courier:
         self.buffer = HostBuffer()  # where contributions encoded on the device come to host
         self.poll_seconds, self.lease_seconds = poll_seconds, lease_seconds
         self.beat_seconds = beat_seconds if beat_seconds is not None else beat_interval(lease_seconds)
-        self.watch_seconds = self.overdue_slack = min(self.beat_seconds, WATCH_SECONDS)
+        self.watch_seconds = self.overdue_slack = self.look_seconds = min(self.beat_seconds, WATCH_SECONDS)
         # Reading every lease a quarter lease apart keeps each live one seen rising within a lease.
         self.observe_seconds = max(self.beat_seconds, lease_seconds / 4)
         self._syncs_every = method.rounds(len(run.plan)).sync_every / len(run.plan)  # steps between syncs
@@ -202,9 +202,9 @@ class Courier:
     def _pause(self) -> float:
         """Seconds to the next turn: poll_seconds after news (a commit, a contribution, a merge), then
         BACKOFF times longer each quiet turn, up to a quarter of this node's time between two of its syncs
-        (within poll_seconds and beat_seconds): a node that waits long looks less and less often."""
+        (within poll_seconds and look_seconds): a node that waits long looks less and less often."""
         between_syncs = self.status().step_seconds * self._syncs_every
-        longest = min(self.beat_seconds, max(self.poll_seconds, between_syncs / 4))
+        longest = min(self.look_seconds, max(self.poll_seconds, between_syncs / 4))
         pause = min(longest, self.poll_seconds * BACKOFF ** min(self._quiet_turns, 64))
         if self._closing:
             pause = min(pause, CLOSING_SECONDS)
@@ -221,10 +221,10 @@ class Courier:
         self.merger.own.tend(self.head, leading=self.leadership.is_leader)  # a merger's own contributions
         self._send_contributions()
         now = self.clock.now()
-        # head.json and every fragment's next commit once a beat while no contribution of this node awaits a
-        # commit (nothing else tells it of new ones), else a quarter lease apart (the merger: to notice another
+        # head.json and every fragment's next commit each look_seconds while nothing of this node awaits a commit
+        # (nothing else tells it of new ones), else a quarter lease apart (the merger: to notice another
         # merger's commits); between, a follower probes the next commit of each fragment a contribution awaits.
-        hint_seconds = self.observe_seconds if self.sent else self.beat_seconds
+        hint_seconds = self.observe_seconds if self.sent or self.leadership.is_leader else self.look_seconds
         if now - self._head_read_at >= hint_seconds:
             self._head_read_at = now
             self.feed.poll_head(None if self.leadership.is_leader else self.sent)

@@ -61,11 +61,9 @@ class CommitFeed:
         return min(times, default=math.inf)
 
     def due(self, fragment: int) -> bool:
-        """Whether to look for the commit this node's contribution to `fragment` awaits: not before most of
-        the time such commits have taken lately, so that a round that closes on time costs one GET."""
-        sent_at = self.sent_at.get(fragment)
-        latency = self.latency()
-        return sent_at is None or self.clock() - sent_at >= LATENCY_SHARE * latency
+        """Whether to look for the commit this node's contribution to `fragment` awaits: at the times
+        next_look_at names, so that a round that closes on time costs one GET, and a late one a few."""
+        return fragment not in self.sent_at or self.clock() >= self.next_look_at({fragment: None})
 
     def overdue(self, awaited: dict[int, object], slack: float) -> bool:
         """Whether a commit one of this node's contributions awaits (`awaited`, by fragment) is later than

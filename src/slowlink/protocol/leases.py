@@ -20,11 +20,15 @@ LIVES_REMEMBERED = 8  # lives of one node id whose beats are tracked: a replay o
 PAST_REMEMBERED = 1024  # leases gone from the listing whose beats are still remembered
 
 
+MAX_BEAT_SECONDS = 5.0  # a second process under a live node's id sees its lease change within one beat
+
+
 def beat_seconds(lease_seconds: float) -> float:
-    """How often a node rewrites its lease: often enough that a quarter lease always sees a new beat, and
-    that a second process under the same node id (refuse_if_live), watching for a beat and a half, sees
-    a live node's lease change. (`slowlink status` judges a lease by the time it says it was written.)"""
-    return min(lease_seconds / 4, 2.0)
+    """How often a node rewrites its lease: a quarter lease, so that readers, who read each lease a quarter
+    lease apart, always see a beat rise well within the lease; at most MAX_BEAT_SECONDS, so that a second
+    process under the same node id (refuse_if_live), watching for a beat and a half, sees a live node's
+    lease change soon, and `slowlink status` (which shows what the leases say) is never far behind."""
+    return min(lease_seconds / 4, MAX_BEAT_SECONDS)
 
 
 @dataclass

@@ -190,12 +190,19 @@ class Merger:
     def _ready(self, current: OpenRound, live_nodes: Callable[[bool], set[str]]) -> bool:
         """Closing before the quorum and grace say so needs every live node to have reported, on a view of
         the leases at most a couple of seconds old (live_nodes(True)): a node that joined is waited for, one
-        that left is not waited for long."""
+        that left is not waited for long. A view naming a node yet to report is read again (to learn whether
+        it left) only when that can shorten the wait: short of the quorum, or half a grace window after it."""
         reported = set(current.accepted) | set(current.rejected)
         # Nothing reported, nothing to close: no lease read (each one costs a LIST, and one read after joining
         # is what session.batch_size waits for, to count the nodes started with this one).
-        live = live_nodes(True) if reported else set()
-        every_live_node_reported = bool(reported) and live <= reported
+        if not reported:
+            return False
+        accepted_steps = [record["step_seconds"] for record in current.accepted.values()]
+        grace = rounds_.grace_seconds(self.rounds, accepted_steps) if accepted_steps else 0.0
+        live = live_nodes(False)
+        if live <= reported or current.quorum_at is None or self.clock() - current.quorum_at >= grace / 2:
+            live = live_nodes(True)
+        every_live_node_reported = live <= reported
         if not current.accepted:
             # Every contribution so far was rejected: once every live node has reported, the round commits
             # empty, and each rejected node learns from that commit why, and carries its steps on.
@@ -207,9 +214,6 @@ class Merger:
             seen = max(len(live), self.leases.most_live if self.leases is not None else 0)
             known = seen >= self.rounds.quorum_size or self.clock() >= self.membership_known_at
             return every_live_node_reported and known
-        grace = rounds_.grace_seconds(
-            self.rounds, [record["step_seconds"] for record in current.accepted.values()]
-        )
         return rounds_.closes(every_live_node_reported=every_live_node_reported,
                               quorum_since=current.quorum_at, now=self.clock(), grace=grace)  # fmt: skip
 

@@ -182,6 +182,7 @@ def decode(data: bytes, fields: dict[str, object], *, what: str) -> dict:
 COUNT = Int()  # a round, a step, a sample count, a term
 NODE = Text(keys.NODE_ID)  # what Session accepts as a node_id
 SHA256 = Text(re.compile(r"[0-9a-f]{64}"))  # a blob's key
+BASE64 = Text(re.compile(r"[A-Za-z0-9+/]*={0,2}"))
 SHAPE = Shape()
 NUMBER = (int, float)  # any finite number
 
@@ -244,6 +245,9 @@ COMMIT_FIELDS = {
         COUNT
     ),  # the nodes live as the round closed: the outer step took share contributors/live
     "stale": Omittable(bool),  # its steps ran on a stale anchor: the step took no momentum push
+    "inline": Omittable(
+        ListOf(Row(SHA256, BASE64))
+    ),  # [sha, base64 bytes] of its small blobs (run.INLINE_BYTES)
 }
 
 

@@ -6,6 +6,8 @@ any difference, then reads head.json and the newest commit of each fragment (cha
 parameters), whatever the run's length.
 """
 
+import base64
+import binascii
 import time
 import uuid
 from collections.abc import Callable
@@ -21,7 +23,7 @@ from ..wire import payload
 from . import creation, keys, records
 from .trust import ENVIRONMENT_VARIABLE
 
-FORMAT = "slowlink-run-2"  # 2: a contribution is one object, head.json a hint (docs/DESIGN-NOTES.md)
+FORMAT = "slowlink-run-3"  # 2: a contribution is one object, head.json a hint; 3: small blobs inline (DESIGN-NOTES)
 KEEP_COMMITS = 3  # the newest commits stay whole (with their chains), so joiners and new leaders find no hole
 MAX_CHAIN = 128  # changes a reader applies after a snapshot at the most; a merger snapshots far more often
 JOIN_ATTEMPTS = 5  # a joiner may race garbage collection of the commit it read; it then reads head again
@@ -75,11 +77,25 @@ def put_blob(mailbox: Mailbox, data: bytes) -> str:
     return sha
 
 
-def get_blob(mailbox: Mailbox, sha: str, max_bytes: int) -> bytes:
+def get_blob(mailbox: Mailbox, sha: str, max_bytes: int, record: dict | None = None) -> bytes:
+    """The blob `sha`: from `record` (a commit) when it carries it inline, else from the mailbox."""
+    for inline_sha, text in record.get("inline", []) if record is not None else []:
+        if inline_sha == sha:
+            if len(text) > 4 * (max_bytes // 3 + 1):
+                raise PayloadError(f"the inline blob {sha[:16]}… is over {max_bytes} bytes")
+            try:
+                return base64.b64decode(text, validate=True)
+            except binascii.Error as error:
+                raise PayloadError(f"the inline blob {sha[:16]}… is not base64: {error}") from None
     found = mailbox.get(keys.blob(sha), max_bytes=max_bytes)
     if found is None or found.data is None:
         raise PayloadError(f"blob {sha[:16]}… is missing from the mailbox")
     return found.data
+
+
+def inlined(record: dict) -> set[str]:
+    """The blobs a commit record carries inline rather than names in the mailbox."""
+    return {sha for sha, _ in record.get("inline", [])}
 
 
 def read_run(mailbox: Mailbox) -> Run | None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..errors import PayloadError, PreconditionFailed
 from ..mailbox.contract import Mailbox
 from . import keys, records
+from .run import inlined
 
 SUMMARY = "summary.json"
 FORMAT = "slowlink-summary-1"
@@ -162,9 +163,9 @@ def _sizes(mailbox: Mailbox, record: dict) -> tuple[dict[str, int], int]:
     }
     listed = {listing.key: listing.size for listing in mailbox.list(keys.round_folder(fragment, round_))}
     payload_bytes = {node: listed[key] for node, key in blobs.items() if key in listed}
-    commit_bytes = 0
+    commit_bytes = sum(len(text) * 3 // 4 for _, text in record.get("inline", []))  # (within 2 bytes)
     for field in ("params", "change"):
-        if record.get(field):
+        if record.get(field) and record[field] not in inlined(record):
             commit_bytes += sum(item.size for item in mailbox.list(keys.blob(record[field])))
     return payload_bytes, commit_bytes
 
