@@ -148,6 +148,9 @@ def replay_writes(ledger: Ledger) -> History:
             named = [sha for sha in (record["params"], record["outer_state"]) if sha and sha not in carried]
             assert all(keys.blob(sha) in present for sha in named), f"{key} names a blob not in the store"
             history.commits[fragment, round_] = (index, record)
+        elif key == keys.RUN:  # the initial model's blobs, when small, travel inside run.json
+            inline = json.loads(data).get("inline", [])
+            history.blobs.update({keys.blob(sha): base64.b64decode(text) for sha, text in inline})
         elif key == keys.HEAD:
             versions = json.loads(data)["versions"]
             assert all(new >= old for old, new in zip(head, versions, strict=True)), f"{head} -> {versions}"

@@ -41,7 +41,9 @@ def start(mailbox, value: float, *, upload_seconds: float = 0.0, claim_seconds: 
                     claim_seconds=claim_seconds, **clock)  # fmt: skip
 
 
-def test_of_three_nodes_starting_at_once_one_uploads_an_initial_model_through_an_upload_of_six_claim_timeouts():
+def test_of_three_nodes_starting_at_once_one_uploads_an_initial_model_through_an_upload_of_six_claim_timeouts(
+    blobs_apart,
+):
     mailbox, results = Counting(), {}
     gate = threading.Barrier(3)
 

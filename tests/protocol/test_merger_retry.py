@@ -68,7 +68,8 @@ def test_a_round_retried_after_a_failed_write_applies_the_outer_momentum_once():
     np.testing.assert_allclose(second.params["w"], [-3.227], rtol=1e-6)
     assert merger.outer_states[0][0] == 2  # the state the next round starts from: b once more, not twice
     np.testing.assert_allclose(merger.outer_states[0][1]["w"], [1.9], rtol=1e-6)
-    # Round 1's b is the one in the store (written with the first commit; round 2 names it, OUTER_EVERY)
-    momentum, _ = payload.unpack(get_blob(mailbox, read_commit(mailbox, 0, 2)["outer_state"], 1 << 20))
+    # Round 1's b is the one in the store (inside the first commit; round 2 names it there, OUTER_EVERY)
+    named = read_commit(mailbox, 0, 2)["outer_state"]
+    momentum, _ = payload.unpack(get_blob(mailbox, named, 1 << 20, read_commit(mailbox, 0, 1)))
     np.testing.assert_allclose(momentum["w"], [1.0], rtol=1e-6)
     assert read_commit(mailbox, 0, 2)["outer_round"] == 1

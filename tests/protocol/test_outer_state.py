@@ -32,6 +32,9 @@ def test_a_new_merger_carries_on_from_the_outer_state_the_newest_commit_names():
     assert [r["round"] for r in records if "outer_round" not in r] == [1, OUTER_EVERY + 1]
     assert [r.get("outer_round") for r in records[-2:]] == [None, OUTER_EVERY + 1]
     assert len({r["outer_state"] for r in records}) == 2
+    # A state this small travels inside the commit that writes it: the later ones name it there.
+    assert [sha for sha, _ in records[OUTER_EVERY]["inline"]][-1] == records[-1]["outer_state"]
+    assert not mailbox.list("blobs/")
     b = lambda r: 2.0 - 2.0 ** (1 - r)  # noqa: E731
     np.testing.assert_allclose(params["w"], [-sum(1 + 0.5 * b(r) for r in range(1, last + 1))], rtol=1e-6)
 

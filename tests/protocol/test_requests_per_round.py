@@ -8,7 +8,6 @@ import threading
 import time
 
 import slowlink as sl
-from slowlink.protocol.commits import OUTER_EVERY
 from slowlink.protocol.run import HEAD_EVERY
 from tests.session.nodes import batches, sgd_step, tiny_mlp
 
@@ -48,10 +47,14 @@ def test_a_commit_costs_the_merger_no_summary_or_garbage_requests_and_a_learner_
     # and never writes them, as it never hands over its lead here (test_merger_own covers a hand-over).
     # A contribution is one object: one PUT to publish it, one GET to read it whole.
     assert mine["PUT rounds/"] == 0 and theirs["PUT rounds/"] == stats[learner].contributions_sent
-    # A commit of the tiny model carries its parameters in its record (commits.INLINE_BYTES): no PUT of a
-    # blob; the outer state (only a new merger reads it) is a blob, with one commit in OUTER_EVERY of each
-    # fragment, the first included; the run's creator put the initial model's two blobs.
-    assert mine["PUT blobs/"] <= 2 * (commits // (2 * OUTER_EVERY) + 1) + 2
+    # A commit of the tiny model carries its parameters and the outer state in its record, and run.json the
+    # initial model (records.INLINE_BYTES): no node writes or reads a blob.
+    assert mine["PUT blobs/"] == theirs["PUT blobs/"] == mine["GET blobs/"] == theirs["GET blobs/"] == 0
+    # Joining: one node claims the creation and writes run.json; the other waits on the claim with a few
+    # reads of run.json.
+    creator, joiner = (mine, theirs) if mine["PUT run.json"] else (theirs, mine)
+    assert creator["PUT run.json"] == creator["PUT creating.json"] == 1
+    assert joiner["PUT run.json"] == joiner["PUT creating.json"] == 0 and joiner["GET run.json"] <= 3
     merged = stats[learner].contributions_sent - stats[learner].contributions_late
     # A look lists rounds/ once a round is under way (what any node wrote to it by then is judged), then
     # reads the one contribution it waits for by its key: at most one request, as a LIST, and a hit needs no
@@ -70,10 +73,9 @@ def test_a_commit_costs_the_merger_no_summary_or_garbage_requests_and_a_learner_
     assert mine["GET commits/"] <= 8  # joining, being elected and leaving look for commits head.json misses
     # The learner probes for the commit its contribution awaits (a miss is a 404) instead of polling
     # head.json, which it reads a quarter lease apart; it reads each commit's record once, which holds the
-    # parameters: no blob but the initial model's two, at joining.
+    # parameters.
     assert theirs["GET head.json"] <= 2
     assert theirs["GET commits/"] <= 3 * stats[learner].commits_applied + 4
-    assert theirs["GET blobs/"] <= 2
 
 
 def test_reading_the_leases_rarely_does_not_keep_a_round_waiting_for_a_node_that_left():

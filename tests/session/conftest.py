@@ -27,12 +27,3 @@ def store(request, tmp_path):
     endpoint = request.getfixturevalue("s3_endpoint")
     return sl.S3Mailbox(endpoint.bucket, f"run-{next(_prefixes)}-{time.time_ns()}",
                         endpoint_url=endpoint.url, region=endpoint.region)  # fmt: skip
-
-
-@pytest.fixture
-def blobs_apart(monkeypatch):
-    """Commits write every blob as an object of its own, as a fragment over commits.INLINE_BYTES does: for
-    tests of what happens to blobs (garbage, a blob gone) on models small enough to travel inline."""
-    from slowlink.protocol import commits
-
-    monkeypatch.setattr(commits, "INLINE_BYTES", -1)

@@ -39,7 +39,9 @@ def load_change(mailbox: Mailbox, run: Run, fragment: int, round_: int, record: 
 def _load_fragment(
     mailbox: Mailbox, run: Run, fragment: int, round_: int, sha: str, kind: str, record: dict | None
 ) -> Arrays:
-    data = get_blob(mailbox, sha, run.max_payload_bytes(fragment), record)
+    data = get_blob(
+        mailbox, sha, run.max_payload_bytes(fragment), record if record is not None else run.initial_record
+    )
     arrays, _ = payload.unpack(
         data,
         expected_digest=sha,

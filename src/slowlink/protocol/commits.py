@@ -8,11 +8,10 @@ float32 commit encoding every commit is a snapshot and carries no change.
 
 The outer state is read by a new merger alone, so it is written with a snapshot only every OUTER_EVERY
 rounds; every commit names the newest one written (`outer_state`, and `outer_round` when it is older).
-A change or parameters blob of at most INLINE_BYTES travels inside the record (`inline`, base64): the
+A change or parameters blob of at most records.INLINE_BYTES travels inside the record (`inline`, base64): the
 node that reads the commit then needs no second request, which for a small model is most of the cost.
 """
 
-import base64
 import math
 from collections.abc import Callable
 
@@ -25,14 +24,23 @@ from ..wire import payload
 from ..wire.commit_change import encode_change
 from ..wire.compress import compress
 from . import keys, records
-from .run import KEEP_COMMITS, MAX_CHAIN, Run, advance_head, inlined, listed_etag, put_blob, read_commit
+from .run import (
+    KEEP_COMMITS,
+    MAX_CHAIN,
+    Run,
+    advance_head,
+    inline_blob,
+    inlined,
+    listed_etag,
+    put_blob,
+    read_commit,
+)
 
 SNAPSHOT_SHARE = 0.5  # the most a snapshot, spread over the rounds until the next, adds to a change
 MAX_SNAPSHOT_EVERY = 32  # a joiner reads at most this many changes after the snapshot it starts from
 # Rounds between two writes of the outer state (at the snapshot due then): it is as large as the parameters,
 # and only a merger taking over reads it, carrying on from a state at most this many rounds old.
 OUTER_EVERY = 8
-INLINE_BYTES = 64 << 10  # a blob this small costs more as a request of its own than as a third more bytes
 
 
 class CommitWriter:
@@ -69,7 +77,7 @@ class CommitWriter:
             del data
         else:  # the digest of the payload a snapshot would hold, without building it
             params_sha = payload.digest_of(committed, params_header)
-        outer_round, outer_sha, outer_written = self._outer(fragment, round_, snapshot, state, header)
+        outer_round, outer_sha, outer_written = self._outer(fragment, round_, snapshot, state, header, inline)
         record = {"fragment": fragment, "round": round_, "params": params_sha, "outer_state": outer_sha,
                   "change": change_sha, "snapshot": snapshot, **fields}  # fmt: skip
         if outer_sha is not None and outer_round != round_:
@@ -89,10 +97,12 @@ class CommitWriter:
             self.last_outer[fragment] = (round_, outer_written)
         return committed, record, blob_bytes
 
-    def _outer(self, fragment: int, round_: int, snapshot: bool, state: Arrays, header: dict):
+    def _outer(self, fragment: int, round_: int, snapshot: bool, state: Arrays, header: dict,
+               inline: list[list[str]]):  # fmt: skip
         """(round, sha, sha written now or None) of the outer state this commit names: written at a snapshot
         once the last this merger wrote is OUTER_EVERY rounds old (a new merger writes its first at once),
-        otherwise that one. A method that keeps no state (e.g. DiLoCo without momentum) names none."""
+        otherwise that one; a small one inside the commit that writes it. A method that keeps no state
+        (e.g. DiLoCo without momentum) names none."""
         if not state:
             return round_, None, None
         last = self.last_outer.get(fragment)
@@ -100,16 +110,14 @@ class CommitWriter:
             return last[0], last[1], None
         if not snapshot:  # a lossy chain's first commits by this merger: the outer state waits for a snapshot
             return round_, None, None
-        sha = put_blob(self.mailbox, self._compressed(payload.pack(state, header | {"kind": "outer"})))
+        sha = self._store(self._compressed(payload.pack(state, header | {"kind": "outer"})), inline)
         return round_, sha, sha
 
     def _store(self, data: bytes, inline: list[list[str]]) -> str:
         """Put a commit's blob, or, when it is small, add it to the record's `inline`; its sha."""
-        if len(data) > INLINE_BYTES:
+        if len(data) > records.INLINE_BYTES:
             return put_blob(self.mailbox, data)
-        sha = payload.digest(data)
-        inline.append([sha, base64.b64encode(data).decode()])
-        return sha
+        return inline_blob(data, inline)
 
     def _change(self, fragment: int, params: Arrays, anchor: Arrays, header: dict, inline: list[list[str]]):
         """(committed parameters, change sha, new residual, change bytes); without a lossy commit encoding,

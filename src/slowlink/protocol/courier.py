@@ -235,10 +235,8 @@ class Courier:
         if now - self.leases.beaten_at >= self.beat_seconds:
             self._beat_lease()
         if self._leases_wanted.is_set() or now - self.leases.observed_at >= self.observe_seconds:
-            self._leases_wanted.clear()
-            self.leases.observe(
-                sweep=self.leadership.is_leader
-            )  # the merger also reads them when a round could close (live_nodes)
+            self._leases_wanted.clear()  # (the merger also reads them when a round could close: live_nodes)
+            self.leases.observe(sweep=self.leadership.is_leader)
         # A follower reads leader.json a quarter lease apart, or every watch_seconds while a commit it awaits
         # is overdue: a merger that left or died is replaced soon when someone needs it, cheaply when nobody does.
         overdue = self.feed.overdue(self.sent, self.overdue_slack)
@@ -251,7 +249,8 @@ class Courier:
             self.emit(
                 Event("leader_elected", self.node_id, f"merging rounds from term {self.leadership.term}")
             )
-            self._recover_head()
+            if self.leadership.term > 1:  # the run's first leader follows no merger that could leave one
+                self._recover_head()
         elif change == "lost":
             self.emit(Event("leader_lost", self.node_id, "another node took over the leadership"))
         if self.leadership.is_leader:

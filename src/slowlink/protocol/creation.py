@@ -94,7 +94,11 @@ def _look(
     seen: tuple[str, float] | None,
 ) -> tuple[Claim | Found | None, tuple[str, float] | None]:
     """One look: take the claim if there is none or it is stale, else look for the run; (what was got,
-    the claim's etag as first seen)."""
+    the claim's etag as first seen). Once a claim was seen, the run is looked for first: its creator
+    gives the claim back as soon as run.json is written, so that look alone ends most waits."""
+    looked = seen is not None
+    if looked and (found := find()) is not None:
+        return found, seen
     etag = _claim_etag(mailbox)
     if etag is not None and (seen is None or seen[0] != etag):
         seen = (etag, clock())
@@ -113,7 +117,7 @@ def _look(
                 return claim, seen
             claim.release()
             return found, seen
-    return find(), seen
+    return (None if looked else find()), seen
 
 
 def _take(

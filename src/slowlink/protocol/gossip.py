@@ -81,7 +81,9 @@ class GossipSession:
             node_id=self.node_id,
         )  # fmt: skip
         if not created:  # every node starts from the run's initial model
-            data = get_blob(self.mailbox, run.initial[0], max_bytes=run.fragment_bytes(0) + (1 << 20))
+            data = get_blob(
+                self.mailbox, run.initial[0], run.fragment_bytes(0) + (1 << 20), run.initial_record
+            )
             arrays, _ = payload.unpack(data, expected_digest=run.initial[0], expect=run.expect(kind="params"))
             adapter.assign(arrays)
         self.rank = claim_rank(self.mailbox, self.node_id, self.algorithm.nodes)

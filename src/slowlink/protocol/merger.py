@@ -290,13 +290,15 @@ class Merger:
             record = newest
         if record is None or record["outer_state"] is None:
             return self.method.init_state(anchor)
-        data = get_blob(self.mailbox, record["outer_state"], self.run.max_payload_bytes(fragment))
+        outer_round = record.get("outer_round", record["round"])
+        holder = (
+            record if outer_round == record["round"] else read_commit(self.mailbox, fragment, outer_round)
+        )
+        data = get_blob(self.mailbox, record["outer_state"], self.run.max_payload_bytes(fragment), holder)
         state, _ = payload.unpack(
             data,
             expected_digest=record["outer_state"],
-            expect=self.run.expect(
-                kind="outer", fragment=fragment, round=record.get("outer_round", record["round"])
-            ),
+            expect=self.run.expect(kind="outer", fragment=fragment, round=outer_round),
             max_bytes=self.run.max_payload_bytes(fragment),
             expect_shapes=self.run.shapes(fragment),
         )

@@ -21,6 +21,10 @@ from . import keys
 
 MAX_RECORD_BYTES = 4 << 20  # run.json holds the schema and the plan; 4 MiB is ample for 100k tensors
 READ_LIMIT = MAX_RECORD_BYTES + 1024  # what a GET of a record may return: the record plus its signature
+# A blob this small travels inside the record that names it (`inline`, base64: a third more bytes), which
+# for a small model costs less than a request of its own; run.json carries at most RUN_INLINE_BYTES so.
+INLINE_BYTES = 64 << 10
+RUN_INLINE_BYTES = 1 << 20
 # Rounds, steps, samples, terms and beats stay at most 2**53 - 1: exact as float64 (weights are
 # float(samples), and a JSON reader in any language keeps them exact), and a sum of a few never nears
 # int64. A million samples a second for 285 years stays under it.
@@ -197,6 +201,7 @@ RUN_FIELDS = {
     "key_id": Omittable(Maybe(Text())),
     "frozen": Omittable(ListOf(Row(Text(), SHAPE, Text(), SHA256))),  # tensors never sent, checked at join
     "statistics": Omittable(ListOf(Text())),  # floating-point buffers: merged, left out of norm checks
+    "inline": Omittable(ListOf(Row(SHA256, BASE64))),  # [sha, base64 bytes] of its small initial blobs
 }
 HEAD_FIELDS = {"versions": ListOf(COUNT)}
 # A leader that leaves writes node "" and beat -1: the lease is vacant.
@@ -245,9 +250,7 @@ COMMIT_FIELDS = {
         COUNT
     ),  # the nodes live as the round closed: the outer step took share contributors/live
     "stale": Omittable(bool),  # its steps ran on a stale anchor: the step took no momentum push
-    "inline": Omittable(
-        ListOf(Row(SHA256, BASE64))
-    ),  # [sha, base64 bytes] of its small blobs (run.INLINE_BYTES)
+    "inline": Omittable(ListOf(Row(SHA256, BASE64))),  # [sha, base64 bytes] of its small blobs (INLINE_BYTES)
 }
 
 

@@ -43,6 +43,12 @@ class Run:
     key_id: str | None = None  # names the run key every record is signed with; None for an unsigned run
     frozen: list = field(default_factory=list)  # [name, shape, dtype, sha256] of each tensor never sent
     statistics: list = field(default_factory=list)  # floating-point buffers, synchronized but not norm-judged
+    inline: list = field(default_factory=list)  # [sha, base64] of the initial blobs run.json carries
+
+    @property
+    def initial_record(self) -> dict:
+        """What get_blob reads the initial model's inline blobs from, as it reads a commit's."""
+        return {"inline": self.inline}
 
     def fragment_bytes(self, fragment: int) -> int:
         shapes = {name: shape for name, shape, _ in self.schema}
@@ -77,8 +83,16 @@ def put_blob(mailbox: Mailbox, data: bytes) -> str:
     return sha
 
 
+def inline_blob(data: bytes, inline: list[list[str]]) -> str:
+    """Add `data` to a record's `inline` list rather than store it; its sha, as put_blob gives."""
+    sha = payload.digest(data)
+    inline.append([sha, base64.b64encode(data).decode()])
+    return sha
+
+
 def get_blob(mailbox: Mailbox, sha: str, max_bytes: int, record: dict | None = None) -> bytes:
-    """The blob `sha`: from `record` (a commit) when it carries it inline, else from the mailbox."""
+    """The blob `sha`: from `record` (a commit, or run.initial_record) when it carries it inline, else from
+    the mailbox."""
     for inline_sha, text in record.get("inline", []) if record is not None else []:
         if inline_sha == sha:
             if len(text) > 4 * (max_bytes // 3 + 1):
@@ -94,7 +108,7 @@ def get_blob(mailbox: Mailbox, sha: str, max_bytes: int, record: dict | None = N
 
 
 def inlined(record: dict) -> set[str]:
-    """The blobs a commit record carries inline rather than names in the mailbox."""
+    """The blobs a record carries inline rather than names in the mailbox."""
     return {sha for sha, _ in record.get("inline", [])}
 
 
@@ -121,7 +135,8 @@ def _run_of(record: dict) -> Run:
     schema = [(name, tuple(shape), dtype) for name, shape, dtype in record["schema"]]
     key_id = record.get("key_id")
     return Run(record["run_id"], record["config"], schema, record["schema_digest"], record["plan"],
-               record["initial"], key_id, record.get("frozen", []), record.get("statistics", []))  # fmt: skip
+               record["initial"], key_id, record.get("frozen", []), record.get("statistics", []),
+               record.get("inline", []))  # fmt: skip
 
 
 def open_run(
@@ -147,7 +162,6 @@ def open_run(
     frozen = frozen or []
     existing = read_run(mailbox)
     if existing is None:
-        _refuse_over_history(mailbox)
         found = creation.claim_or_find(
             mailbox, node_id, lambda: read_run(mailbox), claim_seconds=claim_seconds, clock=clock, sleep=sleep
         )
@@ -163,7 +177,8 @@ def open_run(
                 **({"frozen": frozen} if frozen else {}),  # absent when there are none: run.json as it was
                 **({"statistics": statistics} if statistics else {}),
             }
-            with found:
+            with found:  # the claim's holder alone looks for another run's history: the others wait
+                _refuse_over_history(mailbox)
                 run = _create(mailbox, record, initial)
             if run is not None:
                 return run, True
@@ -182,14 +197,23 @@ def open_run(
 
 
 def _create(mailbox: Mailbox, record: dict, initial: Callable[[], list[Arrays]]) -> Run | None:
-    """Upload the initial blobs, then run.json create-once; the run, or None when another's run.json won
-    (this node's blobs are then deleted)."""
-    shas = [
-        put_blob(mailbox, payload.pack(arrays, {"run": record["run_id"], "schema": record["schema_digest"],
-                                                "kind": "params", "fragment": q, "round": 0}))
-        for q, arrays in enumerate(initial())
-    ]  # fmt: skip
-    record = {**record, "initial": shas}
+    """Upload the initial blobs (or carry the small ones inline, up to records.RUN_INLINE_BYTES in all),
+    then run.json create-once; the run, or None when another's run.json won (this node's blobs are then
+    deleted)."""
+    shas, inline, written, carried = [], [], [], 0
+    for q, arrays in enumerate(initial()):
+        data = payload.pack(arrays, {"run": record["run_id"], "schema": record["schema_digest"],
+                                     "kind": "params", "fragment": q, "round": 0})  # fmt: skip
+        if len(data) <= records.INLINE_BYTES and carried + len(data) <= records.RUN_INLINE_BYTES:
+            shas.append(inline_blob(data, inline))
+            carried += len(data)
+        else:
+            shas.append(put_blob(mailbox, data))
+            written.append(shas[-1])
+    record = {**record, "initial": shas, **({"inline": inline} if inline else {})}
+    if inline and len(records.encode(record)) > records.MAX_RECORD_BYTES:  # a schema of very many tensors
+        for _, text in record.pop("inline"):
+            written.append(put_blob(mailbox, base64.b64decode(text)))
     try:
         mailbox.put(keys.RUN, records.encode(record), if_absent=True)
     except PreconditionFailed:
@@ -197,7 +221,7 @@ def _create(mailbox: Mailbox, record: dict, initial: Callable[[], list[Arrays]])
         assert existing is not None
         if existing.run_id == record["run_id"]:  # our write landed; only its answer was lost
             return existing
-        mailbox.delete([keys.blob(sha) for sha in shas])
+        mailbox.delete([keys.blob(sha) for sha in written])
         return None
     return _run_of(record)
 
