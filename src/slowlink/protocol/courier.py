@@ -12,6 +12,7 @@ only: contributions in, alignments (new commits, and whether they hold this node
 import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..algorithms.method import Method
@@ -111,7 +112,7 @@ class Courier:
         """The node leaves and waits for the commits of its contributions in flight: look for them every
         CLOSING_SECONDS, and once one is overdue, for a merger gone every 0.5 s."""
         self._closing = True
-        self.merger.housekeeping.leaving = True  # the leave tidies: no tidy between the last commits
+        self.merger.housekeeping.leaving = self.merger.looks.closing = True  # tidy on leaving; look often
         self.watch_seconds, self.overdue_slack = min(self.watch_seconds, 5 * CLOSING_SECONDS), 0.0
         self.wake.set()
 
@@ -126,21 +127,30 @@ class Courier:
             self._thread.join()
         except KeyboardInterrupt as error:
             interrupted = error
-        leaving = [lambda: self.merger.own.hand_over(self.head), self.leadership.release,  # own.py
-                   lambda: self.mailbox.delete([keys.node(self.node_id)])]  # fmt: skip
-        if self.leadership.is_leader and interrupted is None:  # first, a commit head.json does not name yet
-            leaving[:0] = [lambda: self.merger.leave(list(self.head))]
-            if self._head_unsure:  # only a failed turn (a merge, a recovery) can leave a commit unnamed
-                leaving.insert(0, self._recover_head)
-        for part in leaving:  # each its own chance: nobody should wait a lease for a node that left
-            try:
-                part()
-            except (MailboxError, PayloadError) as error:
-                self.emit(Event("mailbox_error", self.node_id, f"while leaving: {error}"))
-            except KeyboardInterrupt as error:
-                interrupted = error
+        # In order: a commit head.json does not name yet, head.json, the contributions a merger kept (own.py);
+        # then the rest at once, each its own chance: nobody should wait a lease for a node that left.
+        first = [lambda: self.merger.own.hand_over(self.head)]
+        at_once = [self.leadership.release, lambda: self.mailbox.delete([keys.node(self.node_id)])]
+        if self.leadership.is_leader and interrupted is None:
+            first[:0] = [self._recover_head] * self._head_unsure + [
+                lambda: self.merger.leave(list(self.head))
+            ]
+            at_once.append(lambda: self.merger.housekeeping.tidy(list(self.head)))
+        outcomes = [self._leave_by(part) for part in first]
+        with ThreadPoolExecutor(len(at_once), thread_name_prefix=f"slowlink-{self.node_id}-leave") as pool:
+            outcomes += pool.map(self._leave_by, at_once)
+        interrupted = interrupted or next((outcome for outcome in outcomes if outcome is not None), None)
         if interrupted is not None:
             raise interrupted
+
+    def _leave_by(self, part: Callable[[], object]) -> KeyboardInterrupt | None:
+        try:
+            part()
+        except (MailboxError, PayloadError) as error:
+            self.emit(Event("mailbox_error", self.node_id, f"while leaving: {error}"))
+        except KeyboardInterrupt as error:
+            return error
+        return None
 
     # ---- the channel, as the driver sees it (engine/channel.py) --------------------------------------
 

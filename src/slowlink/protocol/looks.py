@@ -18,6 +18,9 @@ LOOKS_IN_GRACE = (0.125, 0.25, 0.5, 1.0)
 # of the leases (one that joined since), nodes ahead of it, and the garbage of merged rounds.
 MAX_PROBES = 1  # a look then costs at most the one request a LIST costs, and a hit spares the GET after it
 LIST_SECONDS = 10.0
+# A merger that leaves waits on its last rounds: after a round's quorum it also looks CLOSING_LOOKS times,
+# CLOSING_SECONDS apart, so that its leave ends soon after the others' last contributions come in.
+CLOSING_LOOKS, CLOSING_SECONDS = 4, 0.025
 
 
 class Looks:
@@ -30,7 +33,9 @@ class Looks:
         self.looked_at = self.listed_at = float("-inf")
         self.listed: set[tuple[int, int]] = set()  # (fragment, round) under way when rounds/ was listed
         self.own_unlisted = False  # this node's contribution came in since the last look
-        # (fragment, round, index in LOOKS_IN_GRACE) of each look in a grace window served, and those due now
+        self.closing = False  # the node leaves: CLOSING_LOOKS too
+        # (fragment, round, index in LOOKS_IN_GRACE then CLOSING_LOOKS) of each look in a grace window served,
+        # and those due now
         self.served: set[tuple[int, int, int]] = set()
         self._due_now: list[tuple[int, int, int]] = []
 
@@ -47,8 +52,27 @@ class Looks:
 
         Due when this node's own contribution came in since the last look (unless a look in a grace window
         is due within poll_seconds: that look serves both), at each of LOOKS_IN_GRACE in a round's grace
-        window, on every turn while a round holds contributions short of its quorum (a barrier waits for
-        every node, paced by the courier's backoff), and look_seconds after the last look."""
+        window (and of the CLOSING_LOOKS after its quorum, when this node leaves), on every turn while a
+        round holds contributions short of its quorum (a barrier waits for every node, paced by the
+        courier's backoff), and look_seconds after the last look."""
+        marks, waiting = self._marks(open_rounds, versions)
+        self.served &= set(marks)
+        slack = CLOSING_SECONDS / 2 if self.closing else SLACK
+        self._due_now = [key for key, at in marks.items() if at <= now + slack and key not in self.served]
+        soon = any(0 < at - now <= self.poll_seconds for at in marks.values())
+        idle = now - self.looked_at >= self.look_seconds
+        due = waiting or bool(self._due_now) or (self.own_unlisted and not soon) or idle
+        return due, self.next_look(now, open_rounds, versions, marks)
+
+    def next_look(self, now: float, open_rounds: dict, versions: dict, marks: dict | None = None) -> float:
+        """When the next look is due, as `due` gives it; the merger asks again once its look has read
+        contributions, for a round that has just got its quorum has marks from now on."""
+        marks = self._marks(open_rounds, versions)[0] if marks is None else marks
+        return min([at for at in marks.values() if at > now] + [self.looked_at + self.look_seconds])
+
+    def _marks(self, open_rounds: dict, versions: dict) -> tuple[dict, bool]:
+        """(When each look in a grace window is due, by (fragment, round, index); whether a round holds
+        contributions short of its quorum.)"""
         marks, waiting = {}, False
         for fragment, (version, *_) in versions.items():
             current = open_rounds.get(fragment)
@@ -61,12 +85,10 @@ class Looks:
             grace = rounds_.grace_seconds(self.rounds, steps)
             for index, share in enumerate(LOOKS_IN_GRACE):
                 marks[(fragment, current.round, index)] = current.quorum_at + share * grace
-        self.served &= set(marks)
-        self._due_now = [key for key, at in marks.items() if at <= now + SLACK and key not in self.served]
-        soon = any(0 < at - now <= self.poll_seconds for at in marks.values())
-        idle = now - self.looked_at >= self.look_seconds
-        next_look = min([at for at in marks.values() if at > now] + [self.looked_at + self.look_seconds])
-        return waiting or bool(self._due_now) or (self.own_unlisted and not soon) or idle, next_look
+            for index in range(CLOSING_LOOKS if self.closing else 0):
+                at = current.quorum_at + (index + 1) * CLOSING_SECONDS
+                marks[(fragment, current.round, len(LOOKS_IN_GRACE) + index)] = at
+        return marks, waiting
 
     def probes(
         self, now: float, open_rounds: dict, versions: dict, own: set, others: set[str], me: str

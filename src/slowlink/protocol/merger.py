@@ -128,6 +128,8 @@ class Merger:
                 and (done := self._commit(fragment, current, anchor, live_nodes(False))) is not None
             ):
                 committed.append(done)
+        if due:  # what the look read may start a round's grace window
+            self.next_look_at = self.looks.next_look(self.clock(), self.open, versions)
         return committed
 
     def move_head(self, known: list[int], every: int | None = None) -> None:
@@ -142,12 +144,12 @@ class Merger:
             )
 
     def leave(self, head: list[int]) -> None:
-        """Before this merger leaves: name its newest commits in head.json, and delete what that frees."""
+        """Before this merger leaves: name its newest commits in head.json, and note what that frees (its
+        last housekeeping.tidy(head) deletes it)."""
         self.move_head(head, every=1)
         if self.head_written is not None:
             for fragment, newest in enumerate(head):
                 self.housekeeping.collect(fragment, newest, self.head_written[0][fragment])
-        self.housekeeping.tidy(head)
 
     def remember_own(self, record: dict, data: bytes) -> None:
         """This node's contribution, kept here rather than written: the merge reads it from here (own.py)."""
