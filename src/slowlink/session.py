@@ -12,6 +12,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from .algorithms.gossip import GossipMethod
 from .algorithms.method import Method
@@ -173,14 +174,16 @@ class Session:
             sleep=self.clock.sleep,
         )  # fmt: skip
         self.plan = self.run.plan
-        refuse_if_live(
-            self.mailbox, self.node_id, self.lease_seconds, clock=self.clock.now, sleep=self.clock.sleep
-        )
-        if created:  # commit 0 is this node's model, just written: no commit follows it before others train
+        if created:  # commit 0 is this node's model, just written: no commit follows it before others train,
+            # and no process holds a lease in a run this one has just created, under this node's id or any
             latest = {q: (0, self.adapter.snapshot(group)) for q, group in enumerate(self.plan)}
-        else:
-            latest = load_newest(self.mailbox, self.run, sleep=self.clock.sleep,
-                                 own=lambda q: self.adapter.snapshot(self.plan[q]))  # fmt: skip
+        else:  # the watch for another live process under this id, beside the reads of the newest commits
+            with ThreadPoolExecutor(1, thread_name_prefix=f"slowlink-{self.node_id}-join") as pool:
+                refused = pool.submit(refuse_if_live, self.mailbox, self.node_id, self.lease_seconds,
+                                      clock=self.clock.now, sleep=self.clock.sleep)  # fmt: skip
+                latest = load_newest(self.mailbox, self.run, sleep=self.clock.sleep,
+                                     own=lambda q: self.adapter.snapshot(self.plan[q]))  # fmt: skip
+                refused.result()  # its error first: a node refused changes nothing
         if not created and not self.resume:
             refuse_resuming(self.raw_mailbox, self.run.run_id, [version for version, _ in latest.values()])
         for _, params in latest.values():

@@ -114,3 +114,24 @@ def test_a_dead_creators_claim_is_taken_over_though_half_the_waiters_looks_fail(
     run, created = start(mailbox, 1.0, claim_seconds=4.0, clock=lambda: now[0], sleep=sleep)
     assert created and now[0] >= 4.0 and mailbox.faults  # faults were injected, and waited through
     assert inner.get(keys.RUN) is not None and inner.get(keys.CREATING) is None
+
+
+def test_a_waiter_whose_read_crossed_the_write_of_run_json_reads_it_again_rather_than_claim():
+    # The waiter saw the claim; its holder then wrote run.json and gave the claim back, but the waiter's
+    # next read of run.json had gone out before that write landed (a race only a stand-in read can pin).
+    from slowlink.protocol import creation
+
+    class Writes(MemoryMailbox):
+        def put(self, key, data, **conditions):
+            self.written.append(key)
+            return super().put(key, data, **conditions)
+
+    mailbox = Writes()
+    mailbox.written = []
+    holder = creation._take(mailbox, "holder", 30.0, if_absent=True)
+    reads = iter([None, "the run"])  # the first crossed the write; the second finds it
+    outcome, seen = creation._look(mailbox, "waiter", lambda: None, 30.0, time.monotonic, None)
+    assert outcome is None and seen is not None  # waits: the claim is held
+    holder.release()
+    outcome, _ = creation._look(mailbox, "waiter", lambda: next(reads), 30.0, time.monotonic, seen)
+    assert outcome == "the run" and mailbox.written == [keys.CREATING]  # found; the holder's claim only

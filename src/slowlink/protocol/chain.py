@@ -5,6 +5,7 @@ starts from. A bounded number of requests each, however long the run.
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from ..arrays import Arrays
 from ..errors import PayloadError
@@ -22,6 +23,8 @@ from .run import (
     read_head,
     search_newest,
 )
+
+PROBES_AT_ONCE = 8  # a joiner's probes for each fragment's newest commit, in flight together
 
 
 def load_params(
@@ -167,9 +170,14 @@ def load_newest(
             versions = [search_newest(mailbox, q) for q in range(len(run.plan))]
         assert versions is not None
         try:
+            # Every fragment's probe at once: joining waits one round trip for them, not one each.
+            with ThreadPoolExecutor(min(PROBES_AT_ONCE, len(versions))) as pool:
+                newest = list(
+                    pool.map(probe_newest, [mailbox] * len(versions), range(len(versions)), versions)
+                )
             return {
-                q: newest_params(mailbox, run, q, probe_newest(mailbox, q, version), own(q) if own else None)
-                for q, version in enumerate(versions)
+                q: newest_params(mailbox, run, q, version, own(q) if own else None)
+                for q, version in enumerate(newest)
             }
         except PayloadError:
             if attempt == JOIN_ATTEMPTS - 1:

@@ -31,6 +31,7 @@ from .follow import CommitFeed
 from .leader import Leadership
 from .leases import Leases
 from .leases import beat_seconds as beat_interval
+from .leaving import leave
 from .merger import Merger
 from .own_norms import OwnNorms
 from .run import Run, advance_head, probe_newest, read_commit
@@ -99,8 +100,10 @@ class Courier:
 
     def start(self) -> None:
         self._started_at = self._head_read_at = self.clock.now()  # joining read head.json a moment ago
-        self._beat_lease()
-        self.leases.observe(sweep=self.leadership.is_leader)
+        with ThreadPoolExecutor(1, thread_name_prefix=f"slowlink-{self.node_id}-start") as pool:
+            observed = pool.submit(self.leases.observe, sweep=self.leadership.is_leader)  # beside the beat
+            self._beat_lease()
+            observed.result()
         self._thread.start()
 
     def request_leases(self) -> None:
@@ -127,30 +130,17 @@ class Courier:
             self._thread.join()
         except KeyboardInterrupt as error:
             interrupted = error
-        # In order: a commit head.json does not name yet, head.json, the contributions a merger kept (own.py);
-        # then the rest at once, each its own chance: nobody should wait a lease for a node that left.
+        # First a commit head.json does not name yet, head.json, the contributions a merger kept (own.py).
         first = [lambda: self.merger.own.hand_over(self.head)]
         at_once = [self.leadership.release, lambda: self.mailbox.delete([keys.node(self.node_id)])]
         if self.leadership.is_leader and interrupted is None:
-            first[:0] = [self._recover_head] * self._head_unsure + [
-                lambda: self.merger.leave(list(self.head))
-            ]
+            recover = [self._recover_head] if self._head_unsure else []  # a failed turn may leave one
+            first[:0] = [*recover, lambda: self.merger.leave(list(self.head))]
             at_once.append(lambda: self.merger.housekeeping.tidy(list(self.head)))
-        outcomes = [self._leave_by(part) for part in first]
-        with ThreadPoolExecutor(len(at_once), thread_name_prefix=f"slowlink-{self.node_id}-leave") as pool:
-            outcomes += pool.map(self._leave_by, at_once)
-        interrupted = interrupted or next((outcome for outcome in outcomes if outcome is not None), None)
+        raised = leave(self.node_id, first, at_once, self.emit)  # every part runs, interrupted or not
+        interrupted = interrupted or raised
         if interrupted is not None:
             raise interrupted
-
-    def _leave_by(self, part: Callable[[], object]) -> KeyboardInterrupt | None:
-        try:
-            part()
-        except (MailboxError, PayloadError) as error:
-            self.emit(Event("mailbox_error", self.node_id, f"while leaving: {error}"))
-        except KeyboardInterrupt as error:
-            return error
-        return None
 
     # ---- the channel, as the driver sees it (engine/channel.py) --------------------------------------
 

@@ -95,11 +95,14 @@ def _look(
 ) -> tuple[Claim | Found | None, tuple[str, float] | None]:
     """One look: take the claim if there is none or it is stale, else look for the run; (what was got,
     the claim's etag as first seen). Once a claim was seen, the run is looked for first: its creator
-    gives the claim back as soon as run.json is written, so that look alone ends most waits."""
+    gives the claim back as soon as run.json is written, so that look alone ends most waits, and once more
+    when the claim is gone (the first read may have crossed the write of run.json)."""
     looked = seen is not None
     if looked and (found := find()) is not None:
         return found, seen
     etag = _claim_etag(mailbox)
+    if etag is None and looked and (found := find()) is not None:
+        return found, seen  # the claim seen is gone: its holder has just written run.json, read it again
     if etag is not None and (seen is None or seen[0] != etag):
         seen = (etag, clock())
     stale = etag is not None and seen is not None and clock() - seen[1] >= claim_seconds
